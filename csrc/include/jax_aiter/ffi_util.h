@@ -1,0 +1,52 @@
+// Small helpers shared by the FFI handlers: element-type names and viewing a buffer as rows x cols.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace jax_aiter {
+
+namespace ffi = xla::ffi;
+
+inline const char* dtype_name(ffi::DataType t) {
+  switch (t) {
+    case ffi::DataType::BF16: return "bfloat16";
+    case ffi::DataType::F16: return "float16";
+    case ffi::DataType::F32: return "float32";
+    case ffi::DataType::U8: return "uint8";
+    case ffi::DataType::U32: return "uint32";
+    case ffi::DataType::S32: return "int32";
+    default: return "unsupported dtype";
+  }
+}
+
+inline bool is_float_activation(ffi::DataType t) {
+  return t == ffi::DataType::BF16 || t == ffi::DataType::F16 || t == ffi::DataType::F32;
+}
+
+// A buffer seen as [rows, cols] with cols = its last dimension (rank >= 1).
+struct RowView {
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+inline ffi::ErrorOr<RowView> row_view(const ffi::AnyBuffer& buffer, const char* what) {
+  auto dims = buffer.dimensions();
+  if (dims.size() < 1) return ffi::Error::InvalidArgument(std::string(what) + " must have rank >= 1");
+  RowView view;
+  view.cols = dims.back();
+  view.rows = view.cols == 0 ? 0 : static_cast<int64_t>(buffer.element_count()) / view.cols;
+  return view;
+}
+
+inline ffi::Error same_dtype(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const char* a_name,
+                             const char* b_name) {
+  if (a.element_type() != b.element_type())
+    return ffi::Error::InvalidArgument(std::string(a_name) + " and " + b_name + " must have the same dtype, got " +
+                                       dtype_name(a.element_type()) + " and " + dtype_name(b.element_type()));
+  return ffi::Error::Success();
+}
+
+}  // namespace jax_aiter

@@ -1,0 +1,17 @@
+"""jax-aiter: AMD AITER kernels for JAX, with a pure-JAX reference backend that runs everywhere.
+
+Op families live in submodules (``jax_aiter.rmsnorm``, ``.activation``, ``.gemm``, ``.gemm_fp4``, and the
+separately packaged ``jax_aiter.mha``). This module only exposes backend control and reporting.
+"""
+
+from jax_aiter._backend import use_backend
+
+__version__ = "0.1.0"
+__all__ = ["info", "use_backend", "__version__"]
+
+
+def info() -> str:
+    """Per op and platform, the implementation a typical call takes on this machine, and why."""
+    from jax_aiter import _backend
+
+    return _backend.info()

@@ -1,0 +1,295 @@
+"""Which implementation runs an op, decided per target platform when the program is lowered.
+
+Every public op calls :func:`dispatch`. For each platform JAX can lower to (cpu, cuda, rocm) it picks the
+first implementation, in preference order ``aiter > native > cudnn > xla``, that
+
+* exists for that platform,
+* has its native library loaded in this process (platforms this machine does not have are exempt when the
+  implementation is forced, so a CPU machine can lower and export a program for ROCm), and
+* supports this call (dtype, shape, options), as judged by the implementation's ``supports`` check.
+
+The per-platform choices are combined with :func:`jax.lax.platform_dependent`, so a program traced here lowers
+correctly for any platform. The ``xla`` implementation (pure JAX, ``jax_aiter/ref``) exists for every op and
+platform and defines the numerics.
+
+Overrides, in increasing precedence: the environment variable ``JAX_AITER_BACKEND`` (read on every call) and
+the :func:`use_backend` context manager. Both take an implementation name for all ops (``"xla"``) and/or per-op
+names (``"rms_norm=native,gemm=xla"``). A forced implementation that does not support the call raises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+import functools
+import os
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import jax
+
+from jax_aiter import _native
+
+PLATFORMS: tuple[str, ...] = ("cpu", "cuda", "rocm")
+PREFERENCE: tuple[str, ...] = ("aiter", "native", "cudnn", "xla")
+ENV_VAR = "JAX_AITER_BACKEND"
+# Where this project's own kernels ("native") live on each platform: one source, three builds.
+NATIVE_LIBRARIES: dict[str, str] = {"cpu": "cpu", "cuda": "cuda", "rocm": "hip"}
+
+SupportsFn = Callable[..., "str | None"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Implementation:
+    """One way to compute an op. ``fn(*args, **params)`` returns the op's outputs and is differentiable."""
+
+    op: str
+    name: str
+    platforms: frozenset[str]
+    fn: Callable[..., Any]
+    libraries: Mapping[str, str] = dataclasses.field(default_factory=dict)  # platform -> native library
+    supports: SupportsFn | None = None
+
+    def unsupported_reason(self, args: tuple, params: Mapping[str, Any]) -> str | None:
+        return None if self.supports is None else self.supports(*args, **params)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """An op and a representative call, used by :func:`info` to say what a typical call would take."""
+
+    name: str
+    example: Callable[[], tuple[tuple, dict]]
+    implementations: list[Implementation] = dataclasses.field(default_factory=list)
+
+
+_OPS: dict[str, OpSpec] = {}
+_override: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("jax_aiter_backend", default={})
+_warned_libraries: set[str] = set()
+
+
+def define_op(name: str, *, example: Callable[[], tuple[tuple, dict]]) -> None:
+    if name not in _OPS:
+        _OPS[name] = OpSpec(name, example)
+
+
+def register(
+    op: str,
+    name: str,
+    fn: Callable[..., Any],
+    *,
+    platforms: tuple[str, ...] = PLATFORMS,
+    library: str | Mapping[str, str] | None = None,
+    supports: SupportsFn | None = None,
+) -> Implementation:
+    """Add implementation ``name`` of ``op``. ``library`` names the native library it needs: one name for
+    every platform, or a ``{platform: library}`` mapping when each platform has its own build."""
+    if op not in _OPS:
+        raise KeyError(f"op {op!r} must be defined with define_op before implementations are registered")
+    if name not in PREFERENCE:
+        raise ValueError(f"implementation name {name!r} is not one of {PREFERENCE}")
+    if isinstance(library, str):
+        library = {platform: library for platform in platforms}
+    impl = Implementation(op, name, frozenset(platforms), fn, dict(library or {}), supports)
+    impls = [i for i in _OPS[op].implementations if i.name != name] + [impl]
+    impls.sort(key=lambda i: PREFERENCE.index(i.name))
+    _OPS[op].implementations[:] = impls
+    return impl
+
+
+def ops() -> tuple[str, ...]:
+    return tuple(_OPS)
+
+
+def implementations(op: str) -> list[Implementation]:
+    return list(_OPS[op].implementations)
+
+
+# --- overrides -------------------------------------------------------------------------------------------
+
+
+def _parse_override(text: str, source: str) -> dict[str, str]:
+    result: dict[str, str] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        op, sep, impl = item.partition("=")
+        key, value = ("*", op.strip()) if not sep else (op.strip(), impl.strip())
+        if value not in PREFERENCE:
+            raise ValueError(f"{source}: unknown implementation {value!r} in {item!r}; expected one of {PREFERENCE}")
+        result[key] = value
+    return result
+
+
+@functools.lru_cache(maxsize=8)
+def _env_override(text: str) -> dict[str, str]:
+    return _parse_override(text, f"environment variable {ENV_VAR}")
+
+
+@contextlib.contextmanager
+def use_backend(default: str | None = None, **per_op: str) -> Iterator[None]:
+    """Force implementations inside a ``with`` block: ``use_backend("xla")``, ``use_backend(gemm="xla")``.
+
+    Takes effect when ops are traced, so wrap the first call of a jitted function, not the jitted call alone.
+    """
+    spec = ",".join(([default] if default else []) + [f"{k}={v}" for k, v in per_op.items()])
+    forced = _parse_override(spec, "use_backend")
+    for op in forced:
+        if op != "*" and op not in _OPS:
+            raise ValueError(f"use_backend: unknown op {op!r}; known ops are {sorted(_OPS)}")
+    token = _override.set({**_override.get(), **forced})
+    try:
+        yield
+    finally:
+        _override.reset(token)
+
+
+def forced_implementation(op: str) -> str | None:
+    ctx = _override.get()
+    env = _env_override(os.environ.get(ENV_VAR, ""))
+    for table in (ctx, env):
+        if op in table:
+            return table[op]
+        if "*" in table:
+            return table["*"]
+    return None
+
+
+# --- selection -------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def present_platforms() -> frozenset[str]:
+    """Platforms with devices in this process (``cuda`` and ``rocm`` told apart, unlike ``device.platform``)."""
+    found = set()
+    for platform in PLATFORMS:
+        try:
+            if jax.devices(platform):
+                found.add(platform)
+        except RuntimeError:
+            pass
+    return frozenset(found)
+
+
+def _library_problem(impl: Implementation, platform: str) -> str | None:
+    library = impl.libraries.get(platform)
+    return None if library is None else _native.load(library).problem
+
+
+def _status(impl: Implementation, platform: str, args: tuple, params: Mapping[str, Any], forced: bool) -> str | None:
+    """None when ``impl`` can serve this call on ``platform``, else the reason it cannot."""
+    if platform not in impl.platforms:
+        return f"not implemented for {platform}"
+    problem = _library_problem(impl, platform)
+    if problem is not None and not (forced and platform not in present_platforms()):
+        return problem
+    return impl.unsupported_reason(args, params)
+
+
+def select(op: str, platform: str, args: tuple, params: Mapping[str, Any]) -> Implementation:
+    spec = _OPS[op]
+    forced = forced_implementation(op)
+    if forced is not None:
+        matches = [i for i in spec.implementations if i.name == forced]
+        if not matches:
+            raise ValueError(f"{op}: implementation {forced!r} is forced but {op} has only "
+                             f"{[i.name for i in spec.implementations]}")
+        impl = matches[0]
+        if platform in impl.platforms:
+            reason = _status(impl, platform, args, params, forced=True)
+            if reason is not None:
+                raise ValueError(f"{op}: forced implementation {forced!r} cannot run this call on {platform}: {reason}")
+            return impl
+    for impl in spec.implementations:
+        reason = _status(impl, platform, args, params, forced=False)
+        if reason is None:
+            return impl
+        if platform in present_platforms() and _library_problem(impl, platform):
+            _warn_missing_library(impl.libraries[platform])
+    raise RuntimeError(f"{op}: no implementation for {platform}; the xla implementation must always be registered")
+
+
+def _warn_missing_library(library: str) -> None:
+    if library in _warned_libraries:
+        return
+    _warned_libraries.add(library)
+    warnings.warn(f"jax_aiter: {_native.load(library).problem}; ops fall back to the next implementation",
+                  RuntimeWarning, stacklevel=4)
+
+
+def dispatch(op: str, *args: Any, **params: Any) -> Any:
+    """Run ``op`` on ``args`` with the implementation each platform selects for this call."""
+    chosen = {platform: select(op, platform, args, params) for platform in PLATFORMS}
+    distinct = set(chosen.values())
+    if len(distinct) == 1:
+        return next(iter(distinct)).fn(*args, **params)
+    reference = select_reference(op)
+    branches = {p: functools.partial(impl.fn, **params) for p, impl in chosen.items()}
+    return jax.lax.platform_dependent(*args, default=functools.partial(reference.fn, **params), **branches)
+
+
+def select_reference(op: str) -> Implementation:
+    return next(i for i in _OPS[op].implementations if i.name == "xla")
+
+
+# --- reporting -------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Choice:
+    op: str
+    platform: str
+    present: bool
+    selected: str
+    rejected: tuple[tuple[str, str], ...]
+
+
+def report(platforms: tuple[str, ...] = PLATFORMS) -> list[Choice]:
+    """For each op and platform: the implementation a typical call takes and why better-ranked ones were skipped."""
+    choices = []
+    for spec in _OPS.values():
+        args, params = spec.example()
+        for platform in platforms:
+            rejected = []
+            selected = "none"
+            for impl in spec.implementations:
+                if platform not in impl.platforms:
+                    continue
+                reason = _status(impl, platform, args, params, forced=False)
+                if reason is None:
+                    selected = impl.name
+                    break
+                rejected.append((impl.name, reason))
+            forced = forced_implementation(spec.name)
+            if forced is not None:
+                selected = f"{forced} (forced; would be {selected})"
+            choices.append(Choice(spec.name, platform, platform in present_platforms(), selected, tuple(rejected)))
+    return choices
+
+
+def info(platforms: tuple[str, ...] = PLATFORMS) -> str:
+    """A table of every op, per platform, the implementation a typical call takes on this machine, and why."""
+    _import_all_ops()
+    lines = [f"jax {jax.__version__}; devices here: {', '.join(sorted(present_platforms())) or 'none'}"]
+    lines += [f"  {line}" for line in _native.describe()]
+    width = max((len(op) for op in _OPS), default=10)
+    for choice in report(platforms):
+        mark = "*" if choice.present else " "
+        line = f"{mark} {choice.op:<{width}}  {choice.platform:<5} -> {choice.selected}"
+        if choice.rejected:
+            line += "   (" + "; ".join(f"{name}: {why}" for name, why in choice.rejected) + ")"
+        lines.append(line)
+    lines.append("* = platform present on this machine")
+    return "\n".join(lines)
+
+
+def _import_all_ops() -> None:
+    import importlib
+
+    for module in ("jax_aiter.rmsnorm", "jax_aiter.activation", "jax_aiter.gemm", "jax_aiter.gemm_fp4",
+                   "jax_aiter.mha"):
+        try:
+            importlib.import_module(module)
+        except ModuleNotFoundError as err:
+            if err.name is None or not err.name.startswith("jax_aiter"):
+                raise

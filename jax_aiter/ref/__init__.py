@@ -1,0 +1,1 @@
+"""Pure-JAX reference implementations: they define every op's numerics and run on any platform."""

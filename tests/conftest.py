@@ -1,0 +1,28 @@
+"""Test tiers: `gpu` and `rocm` tests skip themselves without that hardware; the CPU is split into 8 virtual
+devices (set before JAX initializes) so `multidevice` tests run anywhere."""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+jax.config.update("jax_enable_x64", False)
+
+
+def _has(platform: str) -> bool:
+    try:
+        return bool(jax.devices(platform))
+    except RuntimeError:
+        return False
+
+
+def pytest_collection_modifyitems(config, items):
+    has_gpu = _has("cuda") or _has("rocm")
+    has_rocm = _has("rocm")
+    for item in items:
+        if "gpu" in item.keywords and not has_gpu:
+            item.add_marker(pytest.mark.skip(reason="needs a CUDA or ROCm GPU"))
+        if "rocm" in item.keywords and not has_rocm:
+            item.add_marker(pytest.mark.skip(reason="needs an AMD GPU (ROCm)"))
