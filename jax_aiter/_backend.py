@@ -12,15 +12,14 @@ The per-platform choices are combined with :func:`jax.lax.platform_dependent`, s
 correctly for any platform. The ``xla`` implementation (pure JAX, ``jax_aiter/ref``) exists for every op and
 platform and defines the numerics.
 
-Overrides, in increasing precedence: the environment variable ``JAX_AITER_BACKEND`` (read on every call) and
-the :func:`use_backend` context manager. Both take an implementation name for all ops (``"xla"``) and/or per-op
+Overrides, in increasing precedence: the environment variable ``JAX_AITER_BACKEND`` (read when jax_aiter is
+imported) and the :func:`use_backend` context manager (part of jit's cache key). Both take an implementation name for all ops (``"xla"``) and/or per-op
 names (``"rms_norm=native,gemm=xla"``). A forced implementation that does not support the call raises.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
 import functools
 import os
@@ -66,7 +65,6 @@ class OpSpec:
 
 
 _OPS: dict[str, OpSpec] = {}
-_override: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("jax_aiter_backend", default={})
 _warned_libraries: set[str] = set()
 
 
@@ -121,38 +119,38 @@ def _parse_override(text: str, source: str) -> dict[str, str]:
     return result
 
 
-@functools.lru_cache(maxsize=8)
-def _env_override(text: str) -> dict[str, str]:
-    return _parse_override(text, f"environment variable {ENV_VAR}")
+def _as_key(table: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    return tuple(sorted(table.items()))
+
+
+# The override is a JAX user context: it is part of jit's cache key, so a function traced under one override is
+# re-traced under another instead of silently reusing the first choice. The environment variable sets its
+# process-wide value once, when jax_aiter is imported.
+_override = jax.make_user_context(default_value=())
+_override.set_global(_as_key(_parse_override(os.environ.get(ENV_VAR, ""), f"environment variable {ENV_VAR}")))
 
 
 @contextlib.contextmanager
 def use_backend(default: str | None = None, **per_op: str) -> Iterator[None]:
     """Force implementations inside a ``with`` block: ``use_backend("xla")``, ``use_backend(gemm="xla")``.
 
-    Takes effect when ops are traced, so wrap the first call of a jitted function, not the jitted call alone.
+    Per-op names win over the default; the block's choices win over the environment variable.
     """
     spec = ",".join(([default] if default else []) + [f"{k}={v}" for k, v in per_op.items()])
     forced = _parse_override(spec, "use_backend")
     for op in forced:
         if op != "*" and op not in _OPS:
             raise ValueError(f"use_backend: unknown op {op!r}; known ops are {sorted(_OPS)}")
-    token = _override.set({**_override.get(), **forced})
-    try:
+    current = dict(_override.value)
+    if "*" in forced:  # a new default replaces per-op choices made outside the block
+        current = {}
+    with _override(_as_key({**current, **forced})):
         yield
-    finally:
-        _override.reset(token)
 
 
 def forced_implementation(op: str) -> str | None:
-    ctx = _override.get()
-    env = _env_override(os.environ.get(ENV_VAR, ""))
-    for table in (ctx, env):
-        if op in table:
-            return table[op]
-        if "*" in table:
-            return table["*"]
-    return None
+    table = dict(_override.value)
+    return table.get(op, table.get("*"))
 
 
 # --- selection -------------------------------------------------------------------------------------------

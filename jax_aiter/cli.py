@@ -1,0 +1,71 @@
+"""The ``jax-aiter`` command: ``info`` (which implementation each op takes here), ``demo`` (train the tiny
+Llama-style model on the CPU or GPU) and, with the MXFP4 package, ``convergence``."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+
+
+def _progress(total: int, width: int = 30):
+    start = time.perf_counter()
+
+    def show(step: int, loss: float) -> None:
+        done = step + 1
+        filled = int(width * done / total)
+        elapsed = time.perf_counter() - start
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] step {done}/{total}  loss {loss:.4f}  "
+                         f"{elapsed:5.1f}s")
+        if done == total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import jax_aiter
+
+    print(jax_aiter.info())
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    import jax_aiter
+    from jax_aiter.examples import tiny_llama
+
+    try:
+        import jax_aiter.mha  # noqa: F401  (the demo's attention)
+    except ModuleNotFoundError as err:
+        print(f"jax-aiter demo needs attention: {err}", file=sys.stderr)
+        return 1
+    cfg = tiny_llama.Config(steps=args.steps, seed=args.seed)
+    print(jax_aiter.info())
+    print(f"\nTraining a {cfg.layers}-layer Llama-style decoder (dim {cfg.dim}, {cfg.heads} query / {cfg.kv_heads} "
+          f"KV heads) on arithmetic sequences, vocab {cfg.vocab}, {cfg.steps} steps of batch {cfg.batch}.")
+    losses = tiny_llama.train(cfg, on_step=_progress(cfg.steps))
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    print(f"loss: first steps {first:.3f} (chance {math.log(cfg.vocab):.3f}) -> last steps {last:.3f}")
+    if not last < 0.5 * first:
+        print("loss did not fall by half: something is wrong", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jax-aiter", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="per op and platform, the implementation a call takes here and why").set_defaults(
+        run=cmd_info)
+    demo = sub.add_parser("demo", help="train a tiny Llama-style decoder built from jax_aiter ops")
+    demo.add_argument("--steps", type=int, default=150)
+    demo.add_argument("--seed", type=int, default=0)
+    demo.set_defaults(run=cmd_demo)
+    args = parser.parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

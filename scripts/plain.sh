@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Run a project task on a plain machine without conda: make (or reuse) a Python 3.12 virtual environment in
+# .venv, install jax-aiter into it (which builds the native libraries), then run scripts/<task>.sh there.
+#   bash scripts/plain.sh demo | test | bench | conda-build
+set -euo pipefail
+cd "$(dirname "$0")/.."
+task=${1:?usage: scripts/plain.sh <demo|test|bench|conda-build> [args...]}
+shift
+
+find_python312() {
+  for candidate in python3.12 "$(command -v pyenv >/dev/null && PYENV_VERSION=3.12 pyenv which python3.12 2>/dev/null)"; do
+    [ -n "$candidate" ] || continue
+    if "$candidate" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then
+      echo "$candidate"; return 0
+    fi
+  done
+  # pyenv's shim answers only when a 3.12 version is selected.
+  for version in $(ls "${PYENV_ROOT:-$HOME/.pyenv}/versions" 2>/dev/null | grep '^3\.12' | sort -V -r); do
+    candidate="${PYENV_ROOT:-$HOME/.pyenv}/versions/$version/bin/python3.12"
+    [ -x "$candidate" ] && { echo "$candidate"; return 0; }
+  done
+  return 1
+}
+
+if [ ! -x .venv/bin/python ]; then
+  python=$(find_python312) || { echo "Python 3.12 not found (install it, e.g. with pyenv)" >&2; exit 1; }
+  "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+# The build uses the venv's jax headers, so install build requirements first and build without isolation.
+.venv/bin/python -m pip install -q "scikit-build-core>=0.10" cmake ninja "jax>=0.11" numpy ml_dtypes
+.venv/bin/python -m pip install -q --no-build-isolation ".[test]"
+PATH="$PWD/.venv/bin:$PATH" PYTHON="$PWD/.venv/bin/python" exec bash "scripts/$task.sh" "$@"

@@ -1,0 +1,128 @@
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_aiter
+from jax_aiter import _backend, _native
+from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add
+
+import _oracle
+
+DTYPES = [jnp.bfloat16, jnp.float16, jnp.float32]
+IMPLS = ["xla", "native"]
+
+
+@pytest.fixture(params=IMPLS)
+def impl(request):
+    if request.param == "native" and _native.load("cpu").problem:
+        pytest.skip(_native.load("cpu").problem)
+    return request.param
+
+
+def _inputs(shape, dtype, seed=0):
+    kx, kg, kr, kd = jax.random.split(jax.random.key(seed), 4)
+    x = (2.0 * jax.random.normal(kx, shape, jnp.float32)).astype(dtype)
+    gamma = (1.0 + 0.5 * jax.random.normal(kg, shape[-1:], jnp.float32)).astype(dtype)
+    residual = jax.random.normal(kr, shape, jnp.float32).astype(dtype)
+    dy = jax.random.normal(kd, shape, jnp.float32).astype(dtype)
+    return x, gamma, residual, dy
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(7, 64), (2, 3, 128), (1, 4096), (5, 33)])
+def test_forward_matches_oracle(impl, dtype, shape):
+    x, gamma, _, _ = _inputs(shape, dtype)
+    with jax_aiter.use_backend(rms_norm=impl):
+        y = jax.jit(rms_norm, static_argnums=2)(x, gamma, 1e-5)
+    assert y.dtype == dtype and y.shape == shape
+    _oracle.assert_close(y, _oracle.rms_norm(x, gamma, 1e-5), dtype, factor=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_with_add_matches_oracle(impl, dtype):
+    x, gamma, residual, _ = _inputs((6, 96), dtype)
+    with jax_aiter.use_backend(rms_norm_with_add=impl):
+        y, total = rms_norm_with_add(x, residual, gamma, 1e-6)
+    expected_total = (x.astype(jnp.float32) + residual.astype(jnp.float32)).astype(dtype)
+    np.testing.assert_array_equal(np.asarray(total), np.asarray(expected_total))  # one rounding of the sum
+    _oracle.assert_close(y, _oracle.rms_norm(expected_total, gamma, 1e-6), dtype, factor=2)
+
+
+def test_epsilon_dominates_small_inputs(impl):
+    x = jnp.full((2, 8), 1e-4, jnp.float32)
+    with jax_aiter.use_backend(rms_norm=impl):
+        y = rms_norm(x, jnp.ones(8, jnp.float32), epsilon=1.0)
+    np.testing.assert_allclose(np.asarray(y), 1e-4 / np.sqrt(1e-8 + 1.0), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gradients_match_hand_derived(impl, dtype):
+    x, gamma, _, dy = _inputs((5, 48), dtype, seed=3)
+    with jax_aiter.use_backend(rms_norm=impl):
+        _, vjp = jax.vjp(lambda a, b: rms_norm(a, b, 1e-6), x, gamma)
+        dx, dgamma = vjp(dy)
+    want_dx, want_dgamma = _oracle.rms_norm_grads(x, gamma, 1e-6, dy)
+    assert dx.dtype == dtype and dgamma.dtype == dtype
+    _oracle.assert_close(dx, want_dx, dtype, factor=4)
+    _oracle.assert_close(dgamma, want_dgamma, dtype, factor=4)
+
+
+def test_oracle_gradient_formula_against_finite_differences():
+    rng = np.random.default_rng(0)
+    x, gamma, dy = rng.normal(size=(3, 6)), rng.normal(size=6), rng.normal(size=(3, 6))
+    dx, dgamma = _oracle.rms_norm_grads(x, gamma, 1e-3, dy)
+    np.testing.assert_allclose(dx, _oracle.central_difference(lambda v: np.sum(_oracle.rms_norm(v, gamma, 1e-3) * dy), x),
+                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(dgamma, _oracle.central_difference(
+        lambda g: np.sum(_oracle.rms_norm(x, g, 1e-3) * dy), gamma), rtol=1e-6, atol=1e-8)
+
+
+def test_with_add_gradients(impl):
+    x, gamma, residual, dy = _inputs((4, 32), jnp.float32, seed=5)
+    d_total = jax.random.normal(jax.random.key(9), x.shape, jnp.float32)
+    with jax_aiter.use_backend(rms_norm_with_add=impl):
+        _, vjp = jax.vjp(lambda a, r, g: rms_norm_with_add(a, r, g), x, residual, gamma)
+        dx, dres, dgamma = vjp((dy, d_total))
+    total = _oracle.f64(x) + _oracle.f64(residual)
+    want_dx, want_dgamma = _oracle.rms_norm_grads(total, gamma, 1e-6, dy)
+    _oracle.assert_close(dx, want_dx + _oracle.f64(d_total), jnp.float32, factor=4)
+    _oracle.assert_close(dres, want_dx + _oracle.f64(d_total), jnp.float32, factor=4)
+    _oracle.assert_close(dgamma, want_dgamma, jnp.float32, factor=4)
+
+
+def test_vmap_and_mixed_dtype_gamma(impl):
+    x, gamma, _, _ = _inputs((3, 4, 16), jnp.bfloat16)
+    with jax_aiter.use_backend(rms_norm=impl):
+        y = jax.vmap(lambda a: rms_norm(a, gamma))(x)
+        # float32 gamma with bfloat16 x is outside the native kernel's contract: selection falls back to xla.
+        gamma32 = gamma.astype(jnp.float32)
+    _oracle.assert_close(y, _oracle.rms_norm(x, gamma, 1e-6), jnp.bfloat16, factor=2)
+    chosen = _backend.select("rms_norm", "cpu", (x, gamma32), {"epsilon": 1e-6})
+    assert chosen.name == "xla"
+    _oracle.assert_close(rms_norm(x, gamma32), _oracle.rms_norm(x, gamma32, 1e-6), jnp.bfloat16, factor=2)
+
+
+def test_native_lowers_to_custom_call():
+    if _native.load("cpu").problem:
+        pytest.skip("native CPU library not built")
+    x, gamma, _, _ = _inputs((4, 16), jnp.float32)
+    text = jax.jit(rms_norm).trace(x, gamma).lower(lowering_platforms=("cpu",)).as_text()
+    assert "ja_rms_norm_fwd" in text
+    with jax_aiter.use_backend("xla"):
+        assert "ja_rms_norm_fwd" not in jax.jit(rms_norm).trace(x, gamma).lower(lowering_platforms=("cpu",)).as_text()
+
+
+@pytest.mark.parametrize("call, error, match", [
+    (lambda: rms_norm(jnp.ones((2, 8), jnp.int32), jnp.ones(8)), TypeError, "x must have dtype"),
+    (lambda: rms_norm(jnp.ones((2, 8)), jnp.ones(7)), ValueError, "gamma must have x's last dimension"),
+    (lambda: rms_norm(jnp.ones((2, 8)), jnp.ones((1, 8))), ValueError, "gamma must have rank 1"),
+    (lambda: rms_norm(jnp.ones(()), jnp.ones(1)), ValueError, "x must have rank >= 1"),
+    (lambda: rms_norm(jnp.ones((2, 8)), jnp.ones(8), epsilon=-1.0), ValueError, "epsilon"),
+    (lambda: rms_norm([1.0, 2.0], jnp.ones(2)), TypeError, "x must be an array"),
+    (lambda: rms_norm_with_add(jnp.ones((2, 8)), jnp.ones((2, 4)), jnp.ones(8)), ValueError, "residual must have"),
+    (lambda: rms_norm_with_add(jnp.ones((2, 8)), jnp.ones((2, 8), jnp.bfloat16), jnp.ones(8)), TypeError, "residual"),
+])
+def test_bad_input(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
