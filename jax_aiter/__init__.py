@@ -5,9 +5,10 @@ separately packaged ``jax_aiter.mha``). This module only exposes backend control
 """
 
 from jax_aiter._backend import use_backend
+from jax_aiter._export import export
 
 __version__ = "0.1.0"
-__all__ = ["info", "use_backend", "__version__"]
+__all__ = ["export", "info", "use_backend", "__version__"]
 
 
 def info() -> str:
