@@ -16,3 +16,6 @@ def info() -> str:
     from jax_aiter import _backend
 
     return _backend.info()
+
+
+import jax_aiter._optional  # noqa: E402,F401  (a missing jax_aiter.mha names the package to install)
