@@ -138,6 +138,8 @@ def use_backend(default: str | None = None, **per_op: str) -> Iterator[None]:
     """
     spec = ",".join(([default] if default else []) + [f"{k}={v}" for k, v in per_op.items()])
     forced = _parse_override(spec, "use_backend")
+    if any(op != "*" and op not in _OPS for op in forced):
+        _import_all_ops()  # the op's module may simply not be imported yet
     for op in forced:
         if op != "*" and op not in _OPS:
             raise ValueError(f"use_backend: unknown op {op!r}; known ops are {sorted(_OPS)}")

@@ -1,0 +1,31 @@
+"""MXFP4 (OCP microscaling FP4) quantization, AITER operand layouts and FP4 GEMMs for JAX.
+
+Numerics: docs/mxfp4.md. Functional core (``quantize_mxfp4``, ``cast_mxfp4``, ``gemm_fp4``, ...), object API
+(``Mxfp4Tensor``, ``MXFP4Quantizer``, ``WeightWorkspace``, ``Mxfp4Recipe``) and the training linear layer
+``gemm_fp4_bf16``.
+"""
+
+from jax_aiter.gemm_fp4._gemm import gemm_fp4
+from jax_aiter.gemm_fp4._layout import shuffle_fp4, shuffle_scales, unshuffle_fp4, unshuffle_scales
+from jax_aiter.gemm_fp4._linear import gemm_fp4_bf16
+from jax_aiter.gemm_fp4._quantize import cast_mxfp4, cast_mxfp4_dual, dequantize_mxfp4, quantize_mxfp4
+from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
+from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer, Mxfp4Copies, Mxfp4Tensor, WeightWorkspace
+
+__all__ = [
+    "MXFP4Quantizer",
+    "Mxfp4Copies",
+    "Mxfp4Recipe",
+    "Mxfp4Tensor",
+    "WeightWorkspace",
+    "cast_mxfp4",
+    "cast_mxfp4_dual",
+    "dequantize_mxfp4",
+    "gemm_fp4",
+    "gemm_fp4_bf16",
+    "quantize_mxfp4",
+    "shuffle_fp4",
+    "shuffle_scales",
+    "unshuffle_fp4",
+    "unshuffle_scales",
+]

@@ -1,0 +1,55 @@
+"""``gemm_fp4``: the FP4 GEMM on pre-quantized AITER operands, as a dispatched op.
+
+ROCm gfx950 will take AITER's ASM a4w4 kernel; everywhere else the ``xla`` implementation unshuffles,
+dequantizes exactly and multiplies in float32, so one program gives the same answer on every backend up to
+float32 summation order.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from jax_aiter import _backend, _checks
+from jax_aiter.ref import mxfp4 as ref
+
+__all__ = ["gemm_fp4"]
+
+
+def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
+    """bf16 ``out[M, N] = A[M, K] . B[N, K]^T`` from MXFP4 operands in AITER's layout.
+
+    ``a``: plain packed uint8 [M, K/2]; ``b``: shuffled packed uint8 [N, K/2] (N % 16 == 0, K % 64 == 0);
+    ``a_scale`` / ``b_scale``: shuffled, zero-padded uint8 scales of [M, K/32] / [N, K/32]
+    (see :func:`shuffle_scales`). These are exactly the "gemm_a" and "gemm_b" layouts of :func:`cast_mxfp4`.
+    """
+    for name, value in (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale)):
+        _checks.check_dtype(name, value, (jnp.uint8,))
+        _checks.check_rank(name, value, 2)
+    m, half_k = a.shape
+    n, b_half_k = b.shape
+    if b_half_k != half_k:
+        raise ValueError(f"b must be [N, K/2] with K/2 = {half_k} as in a, got shape {tuple(b.shape)}")
+    if half_k % 32:
+        raise ValueError(f"a: K/2 = {half_k} bytes per row must be a multiple of 32 (K a multiple of 64, "
+                         "as the shuffled B layout needs)")
+    if n % 16:
+        raise ValueError(f"b: N = {n} rows must be a multiple of 16 for the shuffled layout")
+    scale_cols = half_k * 2 // ref.BLOCK
+    for name, value, rows in (("a_scale", a_scale, m), ("b_scale", b_scale, n)):
+        expected = ref.padded_scale_shape(rows, scale_cols)
+        if tuple(value.shape) != expected:
+            raise ValueError(f"{name} must be the shuffled scales of [{rows}, {scale_cols}], shape {expected}, "
+                             f"got {tuple(value.shape)}")
+    return _backend.dispatch("gemm_fp4", a, b, a_scale, b_scale)
+
+
+def _example() -> tuple[tuple, dict]:
+    m, n, k = 8192, 4096, 4096
+    return ((jax.ShapeDtypeStruct((m, k // 2), jnp.uint8), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
+             jax.ShapeDtypeStruct(ref.padded_scale_shape(m, k // 32), jnp.uint8),
+             jax.ShapeDtypeStruct(ref.padded_scale_shape(n, k // 32), jnp.uint8)), {})
+
+
+_backend.define_op("gemm_fp4", example=_example)
+_backend.register("gemm_fp4", "xla", jax.jit(ref.gemm_fp4))

@@ -1,0 +1,236 @@
+"""Object API: ``Mxfp4Tensor`` (one quantized copy, a pytree), ``MXFP4Quantizer`` (how to make the copies of one
+tensor role) and ``WeightWorkspace`` (a by-name cache of quantized weights)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import weakref
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_aiter import _checks
+from jax_aiter.gemm_fp4 import _quantize
+from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
+from jax_aiter.ref import mxfp4 as ref
+
+__all__ = ["MXFP4Quantizer", "Mxfp4Copies", "Mxfp4Tensor", "WeightWorkspace"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mxfp4Tensor:
+    """One MXFP4 copy of a tensor of logical ``shape`` [..., K], flattened to the 2-D [M, K].
+
+    ``axis=-1``: rowwise, blocks along K, ``data`` [M, K/2], ``scales`` [M, K/32]. ``axis=0``: columnwise, the
+    rowwise copy of the transpose, ``data`` [K, M/2], ``scales`` [K, M/32]. ``data_shuffled`` /
+    ``scales_shuffled`` say whether the AITER shuffles were applied (shuffled scales are zero-padded).
+    ``hadamard`` is the rotation size applied before quantizing (0 for none) and ``hadamard_key`` the
+    uint32[2] sign key, or None for plain Hadamard. Arrays are pytree children; the rest is static.
+    """
+
+    data: jax.Array
+    scales: jax.Array
+    hadamard_key: jax.Array | None
+    shape: tuple[int, ...]
+    axis: int
+    data_shuffled: bool
+    scales_shuffled: bool
+    hadamard: int
+
+    @property
+    def view_shape(self) -> tuple[int, int]:
+        """[rows, quantization-axis length] of the matrix that was quantized rowwise."""
+        m, k = math.prod(self.shape[:-1]), self.shape[-1]
+        return (k, m) if self.axis == 0 else (m, k)
+
+    def dequantize(self, dtype: Any = jnp.float32) -> jax.Array:
+        """The logical tensor (shape ``self.shape``): unshuffled, dequantized, un-rotated, transposed back."""
+        return _dequantize_tensor(self, dtype=np.dtype(dtype))
+
+
+jax.tree_util.register_dataclass(Mxfp4Tensor, data_fields=["data", "scales", "hadamard_key"],
+                                 meta_fields=["shape", "axis", "data_shuffled", "scales_shuffled", "hadamard"])
+
+
+@functools.partial(jax.jit, static_argnames="dtype")
+def _dequantize_tensor(tensor: Mxfp4Tensor, dtype: np.dtype) -> jax.Array:
+    rows, cols = tensor.view_shape
+    data = ref.unshuffle_fp4(tensor.data) if tensor.data_shuffled else tensor.data
+    scales = tensor.scales
+    if tensor.scales_shuffled:
+        scales = ref.unshuffle_scales(scales, (rows, cols // ref.BLOCK))
+    values = ref.dequantize(data, scales)
+    if tensor.hadamard:
+        signs = None
+        if tensor.hadamard_key is not None:
+            signs = ref.hadamard_signs(tensor.hadamard_key, jax.lax.iota(jnp.uint32, cols))
+        values = ref.hadamard_unrotate(values, tensor.hadamard, signs)
+    if tensor.axis == 0:
+        values = values.T
+    return values.reshape(tensor.shape).astype(dtype)
+
+
+class Mxfp4Copies(NamedTuple):
+    """The copies a quantizer made of one tensor; a copy it was not asked for is None."""
+
+    rowwise: Mxfp4Tensor | None
+    columnwise: Mxfp4Tensor | None
+
+
+# For each role: (GEMM, AITER operand layout) of its rowwise and of its columnwise copy. AITER's GEMM takes A
+# with plain data and B with shuffled data, both with shuffled scales; fprop = x.W^T, dgrad = g.(W^T)^T,
+# wgrad = g^T.(x^T)^T.
+_ROLE_COPIES = {
+    "activation": (("fprop", "gemm_a"), ("wgrad", "gemm_b")),
+    "weight": (("fprop", "gemm_b"), ("dgrad", "gemm_b")),
+    "gradient": (("dgrad", "gemm_a"), ("wgrad", "gemm_a")),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class MXFP4Quantizer:
+    """How to quantize one tensor: which copies (a layout per direction, None for none), the scale rule,
+    stochastic rounding, the Hadamard size per copy and the Hadamard sign seed. Static and hashable."""
+
+    rowwise_layout: str | None = "plain"
+    columnwise_layout: str | None = None
+    scale_rule: str = "even"
+    stochastic: bool = False
+    rowwise_hadamard: int = 0
+    columnwise_hadamard: int = 0
+    hadamard_seed: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("rowwise_layout", "columnwise_layout"):
+            layout = getattr(self, name)
+            if layout is not None:
+                _quantize.check_choice(name, layout, ref.LAYOUTS)
+        if self.rowwise_layout is None and self.columnwise_layout is None:
+            raise ValueError("rowwise_layout and columnwise_layout are both None: the quantizer would make no copy")
+        _quantize.check_choice("scale_rule", self.scale_rule, ref.SCALE_RULES)
+        if not isinstance(self.stochastic, bool):
+            raise TypeError(f"stochastic must be a bool, got {type(self.stochastic).__name__}")
+        _quantize.check_hadamard_size("rowwise_hadamard", self.rowwise_hadamard)
+        _quantize.check_hadamard_size("columnwise_hadamard", self.columnwise_hadamard)
+        _quantize.check_seed("hadamard_seed", self.hadamard_seed)
+
+    @classmethod
+    def for_role(cls, role: str, recipe: Mxfp4Recipe | None = None) -> MXFP4Quantizer:
+        """Both copies of ``role`` as ``recipe`` (default: ``Mxfp4Recipe.default()``) and the GEMMs they feed
+        require."""
+        recipe = Mxfp4Recipe.default() if recipe is None else recipe
+        if not isinstance(recipe, Mxfp4Recipe):
+            raise TypeError(f"recipe must be an Mxfp4Recipe, got {type(recipe).__name__}")
+        if role not in _ROLE_COPIES:
+            raise ValueError(f"role must be one of {tuple(_ROLE_COPIES)}, got {role!r}")
+        (row_gemm, row_layout), (col_gemm, col_layout) = _ROLE_COPIES[role]
+        return cls(rowwise_layout=row_layout, columnwise_layout=col_layout, scale_rule=recipe.scale_rule(role),
+                   stochastic=recipe.stochastic(role), rowwise_hadamard=recipe.hadamard(row_gemm),
+                   columnwise_hadamard=recipe.hadamard(col_gemm), hadamard_seed=recipe.hadamard_seed)
+
+    @classmethod
+    def for_activation(cls, recipe: Mxfp4Recipe | None = None) -> MXFP4Quantizer:
+        """x: rowwise as fprop's A operand, columnwise as wgrad's B operand."""
+        return cls.for_role("activation", recipe)
+
+    @classmethod
+    def for_weight(cls, recipe: Mxfp4Recipe | None = None) -> MXFP4Quantizer:
+        """W: rowwise as fprop's B operand, columnwise as dgrad's B operand."""
+        return cls.for_role("weight", recipe)
+
+    @classmethod
+    def for_grad(cls, recipe: Mxfp4Recipe | None = None) -> MXFP4Quantizer:
+        """g: rowwise as dgrad's A operand, columnwise as wgrad's A operand."""
+        return cls.for_role("gradient", recipe)
+
+    def quantize(self, x: jax.Array, *, sr_key: Any = None) -> Mxfp4Copies:
+        """The requested copies of ``x`` [..., K] (leading axes flattened; columnwise blocks run along them).
+        Two copies come from one dual cast. ``sr_key`` is required exactly when ``stochastic`` is set."""
+        _checks.check_dtype("x", x, _quantize.INPUT_DTYPES)
+        shape = _checks.check_min_rank("x", x, 1)
+        if self.stochastic and sr_key is None:
+            raise ValueError("sr_key: this quantizer uses stochastic rounding and needs a key")
+        if not self.stochastic and sr_key is not None:
+            raise ValueError("sr_key was given, but this quantizer rounds to nearest (stochastic=False)")
+        matrix = jnp.reshape(x, (-1, shape[-1]))
+        sizes = (self.rowwise_hadamard if self.rowwise_layout else 0,
+                 self.columnwise_hadamard if self.columnwise_layout else 0)
+        signed = self.hadamard_seed is not None and any(sizes)
+        hadamard_key = self.hadamard_seed if signed else None
+        sign_words = _quantize.key_words(self.hadamard_seed, "hadamard_seed") if signed else None
+        common = dict(scale_rule=self.scale_rule, sr_key=sr_key, hadamard_key=hadamard_key)
+        if self.rowwise_layout and self.columnwise_layout:
+            row, col = _quantize.cast_mxfp4_dual(
+                matrix, hadamard_rowwise=sizes[0], hadamard_columnwise=sizes[1], layout_rowwise=self.rowwise_layout,
+                layout_columnwise=self.columnwise_layout, **common)
+        elif self.rowwise_layout:
+            row, col = _quantize.cast_mxfp4(matrix, hadamard=sizes[0], layout=self.rowwise_layout, **common), None
+        else:
+            row, col = None, _quantize.cast_mxfp4(matrix, columnwise=True, hadamard=sizes[1],
+                                                  layout=self.columnwise_layout, **common)
+
+        def tensor(copy, axis, layout, size):
+            if copy is None:
+                return None
+            return Mxfp4Tensor(copy[0], copy[1], sign_words if size else None, shape, axis,
+                               data_shuffled=layout == "gemm_b", scales_shuffled=layout != "plain", hadamard=size)
+
+        return Mxfp4Copies(tensor(row, -1, self.rowwise_layout, sizes[0]),
+                           tensor(col, 0, self.columnwise_layout, sizes[1]))
+
+
+@dataclasses.dataclass
+class _Entry:
+    source: weakref.ref
+    quantizer: MXFP4Quantizer
+    sr_words: np.ndarray | None
+    copies: Mxfp4Copies
+
+
+class WeightWorkspace:
+    """Quantized weights cached by name.
+
+    The rule: an entry is served only for the *same* concrete ``jax.Array`` object (held by weak reference)
+    with an equal quantizer and equal stochastic-rounding key. JAX arrays are immutable, so the same object
+    always holds the same values, and an optimizer step makes a new object, which requantizes. Traced weights
+    (inside ``jit``, ``grad``, ...) and non-JAX arrays are quantized on every call and never stored: a trace
+    cannot tell two steps' values apart, and XLA merges repeated quantizations of one weight inside a program.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, _Entry] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def get_or_quantize(self, w: jax.Array, quantizer: MXFP4Quantizer, *, cache_name: str,
+                        sr_key: Any = None) -> Mxfp4Copies:
+        if not isinstance(quantizer, MXFP4Quantizer):
+            raise TypeError(f"quantizer must be an MXFP4Quantizer, got {type(quantizer).__name__}")
+        if not isinstance(cache_name, str):
+            raise TypeError(f"cache_name must be a str, got {type(cache_name).__name__}")
+        if not _is_concrete(w) or (sr_key is not None and not isinstance(sr_key, int) and not _is_concrete(sr_key)):
+            return quantizer.quantize(w, sr_key=sr_key)
+        sr_words = None if sr_key is None else np.asarray(_quantize.key_words(sr_key, "sr_key"))
+        entry = self._entries.get(cache_name)
+        if (entry is not None and entry.source() is w and entry.quantizer == quantizer
+                and _same_words(entry.sr_words, sr_words)):
+            return entry.copies
+        copies = quantizer.quantize(w, sr_key=sr_key)
+        self._entries[cache_name] = _Entry(weakref.ref(w), quantizer, sr_words, copies)
+        return copies
+
+
+def _is_concrete(value: Any) -> bool:
+    return isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)
+
+
+def _same_words(a: np.ndarray | None, b: np.ndarray | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and np.array_equal(a, b))

@@ -1,0 +1,304 @@
+"""FP4 GEMMs, the object API and the MXFP4 linear layer: gemm_fp4 against float64 products of the oracle's
+dequantized operands, gemm_fp4_bf16 and its gradients against the recipe computed by hand with the oracle."""
+
+import dataclasses
+import gc
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mxfp4_oracle as oracle
+from jax_aiter.gemm_fp4 import (MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor, WeightWorkspace, cast_mxfp4,
+                                gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
+from jax_aiter.gemm_fp4._linear import role_sr_key
+
+M, N, K = 40, 64, 128  # M is not a multiple of 32, 64 or 256: every padding path runs
+
+
+def random_mxfp4(rng, rows, cols, scale_low=110, scale_high=140):
+    codes = rng.integers(0, 16, (rows, cols)).astype(np.uint8)
+    return oracle.pack(codes), rng.integers(scale_low, scale_high, (rows, cols // 32)).astype(np.uint8)
+
+
+def assert_gemm_close(got, a_values, b_values):
+    """|got - exact| <= one bf16 ulp of the exact value plus float32 summation error; exact in float64."""
+    exact = a_values @ b_values.T
+    magnitude = np.abs(a_values) @ np.abs(b_values).T
+    bound = 2.0 ** -8 * np.abs(exact) + a_values.shape[1] * 2.0 ** -24 * magnitude
+    err = np.abs(np.asarray(got, np.float64) - exact)
+    assert np.all(err <= bound), float(np.max(err - bound))
+
+
+# --- gemm_fp4 ---------------------------------------------------------------------------------------------
+
+
+def test_gemm_fp4_matches_float64_product_of_dequantized_operands():
+    rng = np.random.default_rng(0)
+    a, a_scale = random_mxfp4(rng, M, K)
+    b, b_scale = random_mxfp4(rng, N, K)
+    out = gemm_fp4(jnp.asarray(a), shuffle_fp4(jnp.asarray(b)), shuffle_scales(jnp.asarray(a_scale)),
+                   shuffle_scales(jnp.asarray(b_scale)))
+    assert out.shape == (M, N) and out.dtype == jnp.bfloat16
+    assert_gemm_close(out, oracle.dequantize(a, a_scale), oracle.dequantize(b, b_scale))
+
+
+def test_gemm_fp4_on_cast_outputs():
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    a, a_scale = cast_mxfp4(x, layout="gemm_a")
+    b, b_scale = cast_mxfp4(w, layout="gemm_b")
+    want_a = oracle.dequantize(*oracle.quantize(np.asarray(x, np.float32)))
+    want_b = oracle.dequantize(*oracle.quantize(np.asarray(w, np.float32)))
+    assert_gemm_close(gemm_fp4(a, b, a_scale, b_scale), want_a, want_b)
+
+
+@pytest.mark.parametrize("call, error, name", [
+    (lambda a, b, sa, sb: gemm_fp4(a.astype(jnp.int8), b, sa, sb), TypeError, "a"),
+    (lambda a, b, sa, sb: gemm_fp4(a, b[:, :32], sa, sb), ValueError, "b"),
+    (lambda a, b, sa, sb: gemm_fp4(a, b, sa, sb[:128]), ValueError, "b_scale"),
+    (lambda a, b, sa, sb: gemm_fp4(a, b[:40], sa, sb), ValueError, "b"),
+    (lambda a, b, sa, sb: gemm_fp4(a[:, :48], b[:, :48], sa, sb), ValueError, "a"),
+    (lambda a, b, sa, sb: gemm_fp4(a, b, sa[:, :4], sb), ValueError, "a_scale"),
+    (lambda a, b, sa, sb: gemm_fp4(a, b, sa, sb[None]), ValueError, "b_scale"),
+])
+def test_gemm_fp4_bad_arguments_are_named(call, error, name):
+    rng = np.random.default_rng(2)
+    a, a_scale = random_mxfp4(rng, M, K)
+    b, b_scale = random_mxfp4(rng, N, K)
+    with pytest.raises(error, match=rf"^{name}\b"):
+        call(jnp.asarray(a), jnp.asarray(b), shuffle_scales(jnp.asarray(a_scale)), shuffle_scales(jnp.asarray(b_scale)))
+
+
+# --- recipe and quantizers --------------------------------------------------------------------------------
+
+
+def test_recipe_presets_and_validation():
+    default, peer = Mxfp4Recipe.default(), Mxfp4Recipe.peer_parity()
+    assert default == Mxfp4Recipe()
+    assert (default.fprop_hadamard, default.dgrad_hadamard, default.wgrad_hadamard) == (0, 0, 16)
+    assert (peer.fprop_hadamard, peer.dgrad_hadamard, peer.wgrad_hadamard) == (0, 16, 16)
+    for recipe in (default, peer):
+        assert not recipe.uses_stochastic_rounding and recipe.hadamard_seed is None
+        assert all(recipe.scale_rule(role) == "even" for role in ("activation", "weight", "gradient"))
+    assert len({default, peer, Mxfp4Recipe.default()}) == 2  # hashable: usable as a static argument
+    with pytest.raises(ValueError, match="^gradient_scale_rule"):
+        Mxfp4Recipe(gradient_scale_rule="nearest")
+    with pytest.raises(ValueError, match="^dgrad_hadamard"):
+        Mxfp4Recipe(dgrad_hadamard=8)
+    with pytest.raises(TypeError, match="^weight_stochastic"):
+        Mxfp4Recipe(weight_stochastic=1)
+    with pytest.raises(ValueError, match="^hadamard_seed"):
+        Mxfp4Recipe(hadamard_seed=-1)
+
+
+def test_quantizer_presets_follow_the_operand_table():
+    recipe = Mxfp4Recipe(fprop_hadamard=32, dgrad_hadamard=16, wgrad_hadamard=0, weight_scale_rule="ceil",
+                         gradient_stochastic=True, hadamard_seed=5)
+    act, weight, grad = (MXFP4Quantizer.for_activation(recipe), MXFP4Quantizer.for_weight(recipe),
+                         MXFP4Quantizer.for_grad(recipe))
+    assert (act.rowwise_layout, act.columnwise_layout, act.rowwise_hadamard, act.columnwise_hadamard) == (
+        "gemm_a", "gemm_b", 32, 0)
+    assert (weight.rowwise_layout, weight.columnwise_layout, weight.rowwise_hadamard,
+            weight.columnwise_hadamard, weight.scale_rule) == ("gemm_b", "gemm_b", 32, 16, "ceil")
+    assert (grad.rowwise_layout, grad.columnwise_layout, grad.rowwise_hadamard, grad.columnwise_hadamard,
+            grad.stochastic) == ("gemm_a", "gemm_a", 16, 0, True)
+    assert {act.hadamard_seed, weight.hadamard_seed, grad.hadamard_seed} == {5}
+    assert MXFP4Quantizer.for_weight() == MXFP4Quantizer.for_role("weight", Mxfp4Recipe.default())
+    with pytest.raises(ValueError, match="^rowwise_layout and columnwise_layout"):
+        MXFP4Quantizer(rowwise_layout=None)
+    with pytest.raises(ValueError, match="^role"):
+        MXFP4Quantizer.for_role("bias")
+    with pytest.raises(TypeError, match="^recipe"):
+        MXFP4Quantizer.for_weight("default")
+
+
+def test_quantizer_output_is_a_pytree_of_copies_that_dequantize():
+    rng = np.random.default_rng(3)
+    w = jnp.asarray(rng.standard_normal((2, N // 2, K)), jnp.bfloat16)
+    quantizer = MXFP4Quantizer(rowwise_layout="gemm_b", columnwise_layout="gemm_a", scale_rule="floor",
+                               rowwise_hadamard=16, columnwise_hadamard=32, hadamard_seed=7)
+    copies = quantizer.quantize(w)
+    assert isinstance(copies, Mxfp4Copies) and isinstance(copies.rowwise, Mxfp4Tensor)
+    row, col = copies
+    assert (row.shape, row.axis, row.data_shuffled, row.scales_shuffled, row.hadamard) == ((2, 32, K), -1, True,
+                                                                                           True, 16)
+    assert (col.data.shape, col.axis, col.data_shuffled, col.scales_shuffled, col.hadamard) == ((K, N // 2), 0,
+                                                                                                False, True, 32)
+    leaves, tree = jax.tree.flatten(copies)
+    assert len(leaves) == 6  # data, scales and sign key of each copy
+    rebuilt = jax.jit(lambda c: c)(jax.tree.unflatten(tree, leaves))
+    np.testing.assert_array_equal(rebuilt.columnwise.data, col.data)
+    # dequantize() returns the logical tensor: the oracle's dequantized rotated values, rotated back.
+    matrix = np.asarray(w, np.float32).reshape(N, K)
+    signs_k, signs_m = oracle.hadamard_signs((7, 0), K), oracle.hadamard_signs((7, 0), N)
+    expected_row = oracle.dequantize(*oracle.quantize(matrix, "floor", hadamard=16, hadamard_key=(7, 0)))
+    expected_col = oracle.dequantize(*oracle.quantize(matrix.T, "floor", hadamard=32, hadamard_key=(7, 0)))
+    unrotate = lambda v, size, signs: (v.reshape(v.shape[0], -1, size) @ oracle.sylvester_matrix(size)  # noqa: E731
+                                       ).reshape(v.shape) * signs
+    np.testing.assert_allclose(row.dequantize(), unrotate(expected_row, 16, signs_k).reshape(w.shape), rtol=1e-5,
+                               atol=1e-4)
+    np.testing.assert_allclose(col.dequantize(), unrotate(expected_col, 32, signs_m).T.reshape(w.shape), rtol=1e-5,
+                               atol=1e-4)
+    assert row.dequantize(jnp.bfloat16).dtype == jnp.bfloat16
+
+
+def test_quantizer_checks_its_key():
+    with pytest.raises(ValueError, match="^sr_key"):
+        MXFP4Quantizer(stochastic=True).quantize(jnp.ones((4, 32)))
+    with pytest.raises(ValueError, match="^sr_key"):
+        MXFP4Quantizer().quantize(jnp.ones((4, 32)), sr_key=1)
+
+
+# --- weight workspace -------------------------------------------------------------------------------------
+
+
+def test_workspace_serves_the_same_array_and_never_a_changed_one():
+    rng = np.random.default_rng(4)
+    quantizer = MXFP4Quantizer.for_weight()
+    w = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    ws = WeightWorkspace()
+    first = ws.get_or_quantize(w, quantizer, cache_name="w")
+    assert ws.get_or_quantize(w, quantizer, cache_name="w") is first
+    # An optimizer step makes a new array: requantized, equal to a fresh quantization.
+    stepped = (w - 0.25 * jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)).astype(jnp.bfloat16)
+    second = ws.get_or_quantize(stepped, quantizer, cache_name="w")
+    assert np.any(np.asarray(second.rowwise.data) != np.asarray(first.rowwise.data))
+    np.testing.assert_array_equal(second.rowwise.data, quantizer.quantize(stepped).rowwise.data)
+    # Equal values in a different object, another quantizer or another SR key: requantized as well.
+    assert ws.get_or_quantize(jnp.array(stepped), quantizer, cache_name="w") is not second
+    other = dataclasses.replace(quantizer, scale_rule="floor")
+    assert ws.get_or_quantize(stepped, other, cache_name="w").rowwise is not second.rowwise
+    sr = dataclasses.replace(quantizer, stochastic=True)
+    keyed = ws.get_or_quantize(stepped, sr, cache_name="w", sr_key=1)
+    assert ws.get_or_quantize(stepped, sr, cache_name="w", sr_key=1) is keyed
+    assert ws.get_or_quantize(stepped, sr, cache_name="w", sr_key=2) is not keyed
+    # A collected weight's entry is dead even if a new array reuses its id.
+    ws.get_or_quantize(stepped, quantizer, cache_name="w")
+    del w, first, stepped, second
+    gc.collect()
+    fresh = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    np.testing.assert_array_equal(ws.get_or_quantize(fresh, quantizer, cache_name="w").columnwise.data,
+                                  quantizer.quantize(fresh).columnwise.data)
+
+
+def test_workspace_under_jit_quantizes_every_step():
+    rng = np.random.default_rng(5)
+    quantizer = MXFP4Quantizer.for_weight()
+    ws = WeightWorkspace()
+
+    @jax.jit
+    def step(w):
+        return ws.get_or_quantize(w, quantizer, cache_name="w").rowwise.data
+
+    for _ in range(2):
+        w = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+        np.testing.assert_array_equal(step(w), quantizer.quantize(w).rowwise.data)
+    assert len(ws) == 0  # no tracer is kept
+
+
+# --- gemm_fp4_bf16 ----------------------------------------------------------------------------------------
+
+
+def operands_by_hand(a, b, dy, recipe, key_words):
+    """The float64 operands (A, B) of fprop, dgrad and wgrad, each quantized by the oracle as the recipe says
+    (token rows zero-padded to 64); every GEMM is then A . B^T."""
+    x = np.asarray(a, np.float32).reshape(-1, K)
+    w = np.asarray(b, np.float32)
+    g = np.asarray(dy, np.float32).reshape(-1, N)
+    padding = ((0, -x.shape[0] % 64), (0, 0))
+    x, g = np.pad(x, padding), np.pad(g, padding)
+    seed = recipe.hadamard_seed
+    signs_key = None if seed is None else (seed & 0xFFFFFFFF, seed >> 32)
+
+    def piece(t, role, gemm, transposed):
+        sr = tuple(int(v) for v in role_sr_key(key_words, role)) if recipe.stochastic(role) else None
+        hadamard = recipe.hadamard(gemm)
+        return oracle.dequantize(*oracle.quantize(t, recipe.scale_rule(role), sr, transposed, hadamard,
+                                                  signs_key if hadamard else None))
+
+    return {"fprop": (piece(x, "activation", "fprop", False), piece(w, "weight", "fprop", False)),
+            "dgrad": (piece(g, "gradient", "dgrad", False), piece(w.T, "weight", "dgrad", True)),
+            "wgrad": (piece(g.T, "gradient", "wgrad", True), piece(x.T, "activation", "wgrad", True))}
+
+
+RECIPES = [
+    Mxfp4Recipe.default(),
+    Mxfp4Recipe(activation_scale_rule="floor", weight_scale_rule="ceil", activation_stochastic=True,
+                gradient_stochastic=True, fprop_hadamard=32, dgrad_hadamard=16, wgrad_hadamard=16,
+                hadamard_seed=0x1234567890),
+]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=["default", "mixed"])
+def test_gemm_fp4_bf16_forward_and_gradients_equal_the_recipe_by_hand(recipe):
+    rng = np.random.default_rng(6)
+    a = jnp.asarray(rng.standard_normal((2, M // 2, K)), jnp.bfloat16)
+    b = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    dy = jnp.asarray(rng.standard_normal((2, M // 2, N)), jnp.bfloat16)
+    key = jax.random.key(42)
+
+    @jax.jit
+    def forward_and_vjp(a, b, dy):
+        y, vjp = jax.vjp(lambda a, b: gemm_fp4_bf16(a, b, recipe, key=key), a, b)
+        return (y, *vjp(dy))
+
+    y, da, db = forward_and_vjp(a, b, dy)
+    assert (y.dtype, da.dtype, db.dtype) == (jnp.bfloat16,) * 3
+    operands = operands_by_hand(a, b, dy, recipe, jax.random.bits(key, (2,), jnp.uint32))
+    (x_row, w_row), (g_row, w_col), (g_col, x_col) = operands["fprop"], operands["dgrad"], operands["wgrad"]
+    assert_gemm_close(np.asarray(y).reshape(M, N), x_row[:M], w_row)
+    assert_gemm_close(np.asarray(da).reshape(M, K), g_row[:M], w_col)
+    assert_gemm_close(db, g_col, x_col)
+    # Without differentiation only the rowwise copies are made; the forward value is the same.
+    np.testing.assert_array_equal(jax.jit(lambda a, b: gemm_fp4_bf16(a, b, recipe, key=key))(a, b), y)
+    # The Hadamard rotations are paired (one operand alone would scramble the product), so every GEMM stays as
+    # accurate as FP4 allows against the unquantized float64 products.
+    a64, b64, dy64 = (np.asarray(t, np.float64).reshape(-1, t.shape[-1]) for t in (a, b, dy))
+    for got, exact in zip((y, da, db), (a64 @ b64.T, dy64 @ b64, dy64.T @ a64)):
+        got = np.asarray(got, np.float64).reshape(exact.shape)
+        assert np.linalg.norm(got - exact) / np.linalg.norm(exact) < 0.25
+
+
+def test_stochastic_gradients_depend_on_the_key_only():
+    rng = np.random.default_rng(8)
+    a = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    b = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    recipe = Mxfp4Recipe(gradient_stochastic=True)
+    grad = jax.jit(jax.grad(lambda a, b, key: jnp.sum(gemm_fp4_bf16(a, b, recipe, key=key).astype(jnp.float32)
+                                                     * jnp.arange(N)), argnums=(0, 1)))
+    first = grad(a, b, jax.random.key(1))
+    again = grad(a, b, jax.random.key(1))
+    other = grad(a, b, jax.random.key(2))
+    for x, y, z in zip(first, again, other):
+        np.testing.assert_array_equal(x, y)
+        assert np.any(np.asarray(x) != np.asarray(z))
+
+
+def test_gemm_fp4_bf16_under_vmap_and_float32_inputs():
+    rng = np.random.default_rng(9)
+    a = jnp.asarray(rng.standard_normal((3, 8, K)), jnp.float32)
+    b = jnp.asarray(rng.standard_normal((N, K)), jnp.float32)
+    mapped = jax.jit(jax.vmap(lambda t: gemm_fp4_bf16(t, b)))(a)
+    np.testing.assert_array_equal(mapped, gemm_fp4_bf16(a, b))  # rowwise casts do not mix rows
+    grad = jax.jit(jax.grad(lambda a, b: jnp.sum(gemm_fp4_bf16(a, b).astype(jnp.float32)), argnums=(0, 1)))
+    da, db = grad(a, b)
+    assert da.dtype == db.dtype == jnp.float32
+
+
+@pytest.mark.parametrize("call, error, name", [
+    (lambda a, b: gemm_fp4_bf16(a.astype(jnp.int32), b), TypeError, "a"),
+    (lambda a, b: gemm_fp4_bf16(a, b[None]), ValueError, "b"),
+    (lambda a, b: gemm_fp4_bf16(a, b[:, :64]), ValueError, "b"),
+    (lambda a, b: gemm_fp4_bf16(a[:, :96], b[:, :96]), ValueError, "b"),
+    (lambda a, b: gemm_fp4_bf16(a, b[:48]), ValueError, "b"),
+    (lambda a, b: gemm_fp4_bf16(a, b, "default"), TypeError, "recipe"),
+    (lambda a, b: gemm_fp4_bf16(a, b, Mxfp4Recipe(weight_stochastic=True)), ValueError, "key"),
+    (lambda a, b: gemm_fp4_bf16(a, b, Mxfp4Recipe(weight_stochastic=True), key="k"), TypeError, "key"),
+])
+def test_gemm_fp4_bf16_bad_arguments_are_named(call, error, name):
+    a, b = jnp.ones((M, K), jnp.bfloat16), jnp.ones((N, K), jnp.bfloat16)
+    with pytest.raises(error, match=rf"^{name}\b"):
+        call(a, b)

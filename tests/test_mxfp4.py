@@ -1,0 +1,413 @@
+"""MXFP4 quantization, Hadamard rotation, stochastic rounding and AITER layouts, bit-exact against the
+independent numpy oracle in mxfp4_oracle.py."""
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import mxfp4_oracle as oracle
+from jax_aiter import _backend, use_backend
+from jax_aiter.gemm_fp4 import (cast_mxfp4, cast_mxfp4_dual, dequantize_mxfp4, quantize_mxfp4, shuffle_fp4,
+                                shuffle_scales, unshuffle_fp4, unshuffle_scales)
+from jax_aiter.gemm_fp4._quantize import key_words
+from jax_aiter.ref import mxfp4 as ref
+
+RULES = ("even", "floor", "ceil")
+rotate = jax.jit(ref.hadamard_rotate, static_argnums=1)
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
+
+
+def assert_matches_oracle(x, rule, **options):
+    data, scales = quantize_mxfp4(jnp.asarray(x), scale_rule=rule, **options)
+    words = {name: tuple(int(w) for w in key_words(options[name], name)) if options.get(name) is not None else None
+             for name in ("sr_key", "hadamard_key")}
+    want_data, want_scales = oracle.quantize(np.asarray(x, np.float32).reshape(-1, x.shape[-1]), rule,
+                                             sr_key=words["sr_key"], hadamard=options.get("hadamard") or 0,
+                                             hadamard_key=words["hadamard_key"])
+    np.testing.assert_array_equal(np.asarray(scales).reshape(want_scales.shape), want_scales)
+    np.testing.assert_array_equal(np.asarray(data).reshape(want_data.shape), want_data)
+
+
+def random_values(rng, shape, low_exp=-30, high_exp=30):
+    return (rng.standard_normal(shape) * np.exp2(rng.integers(low_exp, high_exp, shape[:-1] + (1,)))).astype(np.float32)
+
+
+# --- element and scale rules ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_every_finite_bf16_pattern_under_several_scales(rule):
+    patterns = np.arange(2 ** 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    finite = patterns[np.isfinite(patterns.astype(np.float32))]
+    finite = np.concatenate([finite, np.zeros(-len(finite) % 31, ml_dtypes.bfloat16)]).reshape(-1, 31)
+    # Each block leads with an anchor that sets (or, when smaller than some pattern, leaves) the block scale.
+    anchors = [2.0 ** -133, -1.5 * 2.0 ** -127, 2.0 ** -100, 1.0, -1.75, 5.0, 1.25 * 2.0 ** 100, BF16_MAX]
+    blocks = [np.concatenate([np.full((len(finite), 1), a, ml_dtypes.bfloat16), finite], axis=1) for a in anchors]
+    assert_matches_oracle(np.concatenate(blocks), rule)
+
+
+def test_nonfinite_bf16_patterns_poison_only_their_block():
+    patterns = np.arange(2 ** 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
+    bad = patterns[~np.isfinite(patterns.astype(np.float32))]
+    assert len(bad) == 2 * 128  # +-Inf and every NaN payload
+    x = np.tile(np.linspace(-3, 3, 64, dtype=np.float32), (len(bad), 1)).astype(ml_dtypes.bfloat16)
+    x[:, 7] = bad
+    data, scales = quantize_mxfp4(jnp.asarray(x))
+    good_data, good_scales = quantize_mxfp4(jnp.asarray(x[:, 32:]))
+    assert np.all(np.asarray(scales)[:, 0] == 0xFF) and np.all(np.asarray(data)[:, :16] == 0)
+    np.testing.assert_array_equal(np.asarray(scales)[:, 1:], good_scales)
+    np.testing.assert_array_equal(np.asarray(data)[:, 16:], good_data)
+    values = np.asarray(dequantize_mxfp4(data, scales))
+    assert np.all(np.isnan(values[:, :32])) and np.all(np.isfinite(values[:, 32:]))
+
+
+@settings(max_examples=40, deadline=None)
+@given(x=hnp.arrays(np.float32, (4, 64), elements=st.floats(width=32)), rule=st.sampled_from(RULES))
+def test_random_float32_blocks(x, rule):
+    assert_matches_oracle(x, rule)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_random_blocks_with_wide_exponents(rule):
+    rng = np.random.default_rng(1)
+    assert_matches_oracle(random_values(rng, (96, 128), -150, 127), rule)
+
+
+def test_zero_blocks_are_zero_bytes():
+    x = np.zeros((3, 96), np.float32)
+    x[1] = -0.0
+    x[2, 32:64] = np.linspace(-1, 1, 32)
+    data, scales = map(np.asarray, quantize_mxfp4(jnp.asarray(x)))
+    assert np.all(data[:2] == 0) and np.all(scales[:2] == 0)
+    assert scales[2, 0] == 0 and scales[2, 2] == 0 and np.all(data[2, :16] == 0) and np.all(data[2, 32:] == 0)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16, np.float16])
+def test_subnormal_inputs(dtype):
+    tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal)
+    rng = np.random.default_rng(2)
+    x = (rng.integers(-300, 300, (8, 64)) * tiny).astype(dtype)
+    assert_matches_oracle(x, "even")
+    # float32 subnormals: scale 2^-127 (byte 0) and exact values in the E2M1 grid times 2^-127.
+    values = np.array([1.5, -0.5, 1.0, 0.25, 0.75, 3.0] + [0.0] * 26, np.float32) * np.float32(2.0 ** -127)
+    data, scales = quantize_mxfp4(jnp.asarray(values[None]))
+    assert int(scales[0, 0]) == 0
+    np.testing.assert_array_equal(np.asarray(dequantize_mxfp4(data, scales))[0, :6],
+                                  np.array([1.5, -0.5, 1.0, 0.0, 1.0, 3.0]) * 2.0 ** -127)
+
+
+def test_round_to_nearest_even_ties_and_saturation():
+    # amax 6.0 gives e = 0 under every rule, so the elements are the E2M1 inputs themselves.
+    ties = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.1, -5.0, 0.2500001, 5.01]
+    x = np.array(ties + [0.0] * (32 - len(ties)), np.float32)
+    for rule in RULES:
+        data, scales = quantize_mxfp4(jnp.asarray(x), scale_rule=rule)
+        assert int(scales[0]) == 127
+        got = np.asarray(dequantize_mxfp4(data, scales))[: len(ties)]
+        np.testing.assert_array_equal(got, [0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, 6.0, 0.0, -4.0, 0.5, 6.0])
+    # Saturation: under "floor", 7 = 1.75 * 4 keeps e = 0 and clips to 6; "even" and "ceil" move to e = 1.
+    x = np.array([7.0, -7.5] + [0.0] * 30, np.float32)
+    expected = {"floor": (127, [6.0, -6.0]), "even": (128, [8.0, -8.0]), "ceil": (128, [8.0, -8.0])}
+    for rule, (scale, values) in expected.items():
+        data, scales = quantize_mxfp4(jnp.asarray(x), scale_rule=rule)
+        assert int(scales[0]) == scale
+        np.testing.assert_array_equal(np.asarray(dequantize_mxfp4(data, scales))[:2], values)
+
+
+@pytest.mark.parametrize("amax, even, floor, ceil", [
+    (1.0, 125, 125, 125), (1.5, 125, 125, 125), (1.6, 125, 125, 126), (1.75, 126, 125, 126),
+    (6.0, 127, 127, 127), (2.0 ** -140, 0, 0, 0), (0.0, 0, 0, 0), (BF16_MAX, 253, 252, 253),
+])
+def test_scale_bytes_per_rule(amax, even, floor, ceil):
+    x = np.zeros(32, np.float32)
+    x[5] = -amax
+    for rule, byte in (("even", even), ("floor", floor), ("ceil", ceil)):
+        assert int(quantize_mxfp4(jnp.asarray(x), scale_rule=rule)[1][0]) == byte, rule
+
+
+def test_negative_zero_is_canonical():
+    x = np.array([-0.0, -0.1, -1e-30, 6.0] + [-0.0] * 28, np.float32)
+    data = np.asarray(quantize_mxfp4(jnp.asarray(x))[0])
+    assert data[0] == 0 and data[1] == (7 << 4) and np.all(data[2:] == 0)
+
+
+# --- dequantization and round trips -----------------------------------------------------------------------
+
+
+def test_dequantize_every_byte_under_every_scale():
+    data = np.tile(np.arange(256, dtype=np.uint8).reshape(16, 16), (256, 1))  # every pair of codes, -0 included
+    scales = np.repeat(np.arange(256, dtype=np.uint8), 16)[:, None]
+    with np.errstate(over="ignore"):
+        want = oracle.dequantize(data, scales).astype(np.float32)
+    got = np.asarray(dequantize_mxfp4(jnp.asarray(data), jnp.asarray(scales)))
+    # Bit patterns, so signed zeros, subnormals, overflow to Inf and the NaN blocks all count.
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    finite = ~np.isnan(want)
+    np.testing.assert_array_equal(got.view(np.uint32)[finite], want.view(np.uint32)[finite])
+    for dtype in (jnp.bfloat16, jnp.float16):
+        out = dequantize_mxfp4(jnp.asarray(data), jnp.asarray(scales), dtype=dtype)
+        assert out.dtype == dtype
+        with np.errstate(over="ignore"):
+            np.testing.assert_array_equal(np.asarray(out).astype(np.float32), want.astype(dtype).astype(np.float32))
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_quantize_of_dequantized_is_identity(rule):
+    rng = np.random.default_rng(3)
+    codes = rng.integers(0, 16, (64, 128)).astype(np.uint8)
+    codes[codes == 8] = 0  # -0 is never produced
+    codes[:, ::32] = rng.choice([7, 15], (64, 4))  # +-6 in every block pins the scale under every rule
+    data = oracle.pack(codes)
+    scales = rng.integers(1, 250, (64, 4)).astype(np.uint8)
+    values = dequantize_mxfp4(jnp.asarray(data), jnp.asarray(scales))
+    again = quantize_mxfp4(values, scale_rule=rule)
+    np.testing.assert_array_equal(np.asarray(again[0]), data)
+    np.testing.assert_array_equal(np.asarray(again[1]), scales)
+
+
+def test_leading_axes_are_rows_of_one_logical_input():
+    rng = np.random.default_rng(4)
+    x = random_values(rng, (6, 64))
+    flat = quantize_mxfp4(jnp.asarray(x), sr_key=7)
+    batched = quantize_mxfp4(jnp.asarray(x.reshape(2, 3, 64)), sr_key=7)
+    assert batched[0].shape == (2, 3, 32) and batched[1].shape == (2, 3, 2)
+    np.testing.assert_array_equal(np.asarray(batched[0]).reshape(6, 32), flat[0])
+    np.testing.assert_array_equal(np.asarray(batched[1]).reshape(6, 2), flat[1])
+
+
+# --- stochastic rounding ----------------------------------------------------------------------------------
+
+
+def test_hash_test_vectors_from_the_docs():
+    vectors = [((0, 0), 0, 0, ref.ROWWISE_STREAM, 0x09F45F69), ((0, 0), 0, 1, ref.ROWWISE_STREAM, 0x06BB9E14),
+               ((0x12345678, 0x9ABCDEF0), 3, 5, ref.ROWWISE_STREAM, 0x8A5D04D5),
+               ((0x12345678, 0x9ABCDEF0), 3, 5, ref.COLUMNWISE_STREAM, 0xA3E998AD)]
+    for key, row, col, stream, want in vectors:
+        got = ref.sr_hash(jnp.asarray(key, jnp.uint32), jnp.uint32(row), jnp.uint32(col), stream)
+        assert int(got) == want == int(oracle.sr_hash(key, row, col, stream))
+    signs = [-1, 1, -1, 1, 1, -1, 1, 1, -1, 1, 1, -1, -1, 1, 1, 1]
+    got = ref.hadamard_signs(jnp.asarray([0x12345678, 0x9ABCDEF0], jnp.uint32), jnp.arange(16, dtype=jnp.uint32))
+    np.testing.assert_array_equal(got, signs)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_stochastic_rounding_matches_oracle(rule):
+    rng = np.random.default_rng(5)
+    x = random_values(rng, (64, 96), -140, 100)
+    x[3, :32] = 0.0
+    x[4, 9] = np.inf
+    for key in [(0, 0), (0xDEADBEEF, 12345)]:
+        assert_matches_oracle(x, rule, sr_key=np.asarray(key, np.uint32))
+    # Columnwise copies hash (row, col) of the logical input with their own stream.
+    key = (99, 1)
+    data, scales = cast_mxfp4(jnp.asarray(x), columnwise=True, scale_rule=rule, sr_key=np.asarray(key, np.uint32))
+    want = oracle.quantize(x.T, rule, sr_key=key, transposed=True)
+    np.testing.assert_array_equal(data, want[0])
+    np.testing.assert_array_equal(scales, want[1])
+
+
+def test_stochastic_rounding_reproducible_and_key_dependent():
+    x = jnp.asarray(random_values(np.random.default_rng(6), (32, 256)))
+    first = quantize_mxfp4(x, sr_key=jax.random.key(1))[0]
+    np.testing.assert_array_equal(first, quantize_mxfp4(x, sr_key=jax.random.key(1))[0])
+    other = quantize_mxfp4(x, sr_key=jax.random.key(2))[0]
+    nearest = quantize_mxfp4(x)[0]
+    assert np.mean(np.asarray(first) != np.asarray(other)) > 0.2
+    assert np.mean(np.asarray(first) != np.asarray(nearest)) > 0.2
+
+
+def test_stochastic_rounding_is_unbiased():
+    # Block layout: a 6.0 pins e = 0, the other 31 elements sweep [-6, 6] including grid points and ties.
+    values = np.concatenate([[6.0], np.linspace(-6.0, 6.0, 31)]).astype(np.float32)
+    rows = 8192
+    x = np.tile(values, (rows, 1))
+    data, scales = quantize_mxfp4(jnp.asarray(x), sr_key=jax.random.key(3))
+    mean = np.asarray(dequantize_mxfp4(data, scales)).astype(np.float64).mean(axis=0)
+    spacing = np.where(np.abs(values) < 2, 0.5, np.where(np.abs(values) < 4, 1.0, 2.0))
+    tolerance = 5 * 0.5 * spacing / np.sqrt(rows)  # five standard deviations of a mean of two-point draws
+    assert np.all(np.abs(mean - values) <= tolerance), np.abs(mean - values) / tolerance
+
+
+def test_tiles_with_their_offsets_reproduce_the_whole_cast():
+    # Shards or kernel tiles hash global indices, so stitching tiles gives the unsplit result.
+    x = jnp.asarray(random_values(np.random.default_rng(16), (64, 128)))
+    options = dict(sr_key=21, hadamard_rowwise=16, hadamard_columnwise=32, hadamard_key=4)
+    (row, row_scales), (col, col_scales) = cast_mxfp4_dual(x, **options)
+    for r0, c0 in [(0, 64), (32, 0), (32, 64)]:
+        offset = np.asarray([r0, c0], np.uint32)
+        (tile_row, tile_row_scales), (tile_col, tile_col_scales) = cast_mxfp4_dual(
+            x[r0:r0 + 32, c0:c0 + 64], index_offset=offset, **options)
+        np.testing.assert_array_equal(tile_row, row[r0:r0 + 32, c0 // 2:c0 // 2 + 32])
+        np.testing.assert_array_equal(tile_row_scales, row_scales[r0:r0 + 32, c0 // 32:c0 // 32 + 2])
+        np.testing.assert_array_equal(tile_col, col[c0:c0 + 64, r0 // 2:r0 // 2 + 16])
+        np.testing.assert_array_equal(tile_col_scales, col_scales[c0:c0 + 64, r0 // 32:r0 // 32 + 1])
+
+
+def test_key_forms():
+    np.testing.assert_array_equal(key_words(0x0000000500000007, "k"), [7, 5])
+    key = jax.random.key(11)
+    np.testing.assert_array_equal(key_words(key, "k"), jax.random.bits(key, (2,), jnp.uint32))
+    x = jnp.asarray(random_values(np.random.default_rng(7), (4, 64)))
+    words = np.asarray([7, 5], np.uint32)
+    np.testing.assert_array_equal(quantize_mxfp4(x, sr_key=0x0000000500000007)[0], quantize_mxfp4(x, sr_key=words)[0])
+
+
+# --- Hadamard rotation ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [16, 32])
+@pytest.mark.parametrize("signed", [False, True])
+def test_hadamard_rotation_bit_exact(size, signed):
+    rng = np.random.default_rng(8)
+    x = random_values(rng, (16, 64), -135, 60)
+    x[0, :8] = np.float32(2.0 ** -126) * np.array([1.5, -1, 0.75, 3, -2, 1, 1, 0.5], np.float32)  # flush paths
+    key = np.asarray([5, 6], np.uint32)
+    signs = oracle.hadamard_signs(key, 64) if signed else None
+    ref_signs = ref.hadamard_signs(jnp.asarray(key), jnp.arange(64, dtype=jnp.uint32))
+    np.testing.assert_array_equal(ref_signs, oracle.hadamard_signs(key, 64))
+    got = np.asarray(rotate(jnp.asarray(x), size, ref_signs if signed else None))
+    np.testing.assert_array_equal(got, oracle.hadamard_rotate(x, size, signs))
+    # It is the orthonormal Sylvester matrix up to float32 rounding, on rows clear of the flushed range.
+    exact = ((x.astype(np.float64) * (1 if signs is None else signs)).reshape(16, -1, size)
+             @ oracle.sylvester_matrix(size)).reshape(16, 64)
+    row_max = np.abs(x).max(axis=1, keepdims=True)
+    normal_rows = row_max[:, 0] > 2.0 ** -100
+    bound = 1e-6 * (np.abs(exact) + row_max)
+    assert np.all((np.abs(got - exact) <= bound)[normal_rows])
+
+
+def test_quantization_with_hadamard_matches_oracle():
+    x = random_values(np.random.default_rng(9), (32, 128), -20, 20)
+    assert_matches_oracle(x, "even", hadamard=16)
+    assert_matches_oracle(x, "floor", hadamard=32, hadamard_key=np.asarray([3, 4], np.uint32),
+                          sr_key=np.asarray([1, 2], np.uint32))
+
+
+def test_paired_hadamard_leaves_the_product_unchanged():
+    rng = np.random.default_rng(10)
+    x, w = rng.standard_normal((8, 64)), rng.standard_normal((8, 64))
+    signs = oracle.hadamard_signs((9, 9), 64)
+    for size in (16, 32):
+        h = np.kron(np.eye(64 // size), oracle.sylvester_matrix(size))
+        np.testing.assert_allclose(h @ h.T, np.eye(64), atol=1e-15)
+        exact_rotation = lambda t: (t * signs) @ h  # noqa: E731
+        np.testing.assert_allclose(exact_rotation(x) @ exact_rotation(w).T, x @ w.T, atol=1e-12)
+        ours = np.asarray(rotate(jnp.asarray(np.concatenate([x, w]), jnp.float32), size, jnp.asarray(signs)),
+                          np.float64)
+        np.testing.assert_allclose(ours[:8] @ ours[8:].T, x @ w.T, atol=1e-4)
+
+
+def test_hadamard_key_changes_signs_and_bytes():
+    x = jnp.asarray(random_values(np.random.default_rng(11), (8, 64)))
+    a = quantize_mxfp4(x, hadamard=16, hadamard_key=1)[0]
+    b = quantize_mxfp4(x, hadamard=16, hadamard_key=2)[0]
+    plain = quantize_mxfp4(x, hadamard=16)[0]
+    assert np.mean(np.asarray(a) != np.asarray(b)) > 0.2 and np.mean(np.asarray(a) != np.asarray(plain)) > 0.2
+
+
+# --- AITER layouts ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows, cols", [(16, 32), (48, 96), (256, 64)])
+def test_data_shuffle_index_formula_and_inverse(rows, cols):
+    data = np.random.default_rng(12).integers(0, 256, (rows, cols)).astype(np.uint8)
+    shuffled = shuffle_fp4(jnp.asarray(data))
+    np.testing.assert_array_equal(shuffled, oracle.shuffle_data(data))
+    np.testing.assert_array_equal(unshuffle_fp4(shuffled), data)
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 1), (40, 4), (256, 8), (300, 13)])
+def test_scale_shuffle_index_formula_padding_and_inverse(rows, cols):
+    scales = np.random.default_rng(13).integers(1, 256, (rows, cols)).astype(np.uint8)
+    shuffled = np.asarray(shuffle_scales(jnp.asarray(scales)))
+    want = oracle.shuffle_scale_bytes(scales)
+    np.testing.assert_array_equal(shuffled, want)
+    assert shuffled.shape == (-(-rows // 256) * 256, -(-cols // 8) * 8)
+    assert np.count_nonzero(shuffled) == rows * cols  # padding is zero, data all non-zero
+    np.testing.assert_array_equal(unshuffle_scales(jnp.asarray(shuffled), (rows, cols)), scales)
+
+
+def test_cast_layouts_and_dual_cast():
+    x = jnp.asarray(random_values(np.random.default_rng(14), (64, 128)))
+    plain = cast_mxfp4(x)
+    gemm_a = cast_mxfp4(x, layout="gemm_a")
+    gemm_b = cast_mxfp4(x, layout="gemm_b")
+    np.testing.assert_array_equal(gemm_a[0], plain[0])
+    np.testing.assert_array_equal(gemm_a[1], shuffle_scales(plain[1]))
+    np.testing.assert_array_equal(gemm_b[0], shuffle_fp4(plain[0]))
+    np.testing.assert_array_equal(gemm_b[1], gemm_a[1])
+    np.testing.assert_array_equal(cast_mxfp4(x, columnwise=True)[0], quantize_mxfp4(x.T)[0])
+    # A dual cast is exactly the two single casts.
+    options = dict(scale_rule="ceil", sr_key=3)
+    row, col = cast_mxfp4_dual(x, layout_rowwise="gemm_a", layout_columnwise="gemm_b", **options)
+    for got, want in zip(row + col, cast_mxfp4(x, layout="gemm_a", **options)
+                         + cast_mxfp4(x, columnwise=True, layout="gemm_b", **options)):
+        np.testing.assert_array_equal(got, want)
+
+
+# --- transformations and backend integration --------------------------------------------------------------
+
+
+def test_jit_and_vmap():
+    x = jnp.asarray(random_values(np.random.default_rng(15), (2, 32, 64)))
+    eager = quantize_mxfp4(x)
+    for got in (jax.jit(quantize_mxfp4)(x), jax.vmap(quantize_mxfp4)(x)):
+        np.testing.assert_array_equal(got[0], eager[0])
+        np.testing.assert_array_equal(got[1], eager[1])
+    # Under vmap every slice is its own logical input, so stochastic rounding hashes per-slice indices.
+    mapped = jax.vmap(lambda t: quantize_mxfp4(t, sr_key=5))(x)
+    for i in range(2):
+        np.testing.assert_array_equal(mapped[0][i], quantize_mxfp4(x[i], sr_key=5)[0])
+
+
+def test_ops_are_dispatched_with_plain_static_parameters():
+    assert {"cast_mxfp4", "cast_mxfp4_dual", "gemm_fp4"} <= set(_backend.ops())
+    for op in ("cast_mxfp4", "cast_mxfp4_dual", "gemm_fp4"):
+        args, params = _backend._OPS[op].example()
+        assert all(isinstance(v, (bool, int, str)) for v in params.values())
+        jax.eval_shape(lambda *a: _backend.select_reference(op).fn(*a, **params), *args)  # noqa: B023
+    x = jnp.ones((32, 64), jnp.bfloat16)
+    with use_backend("xla"):
+        np.testing.assert_array_equal(cast_mxfp4(x)[0], quantize_mxfp4(x)[0])
+
+
+@pytest.mark.parametrize("call, error, name", [
+    (lambda: quantize_mxfp4(jnp.ones((4, 32), jnp.int32)), TypeError, "x"),
+    (lambda: quantize_mxfp4(jnp.ones((4, 48))), ValueError, "x"),
+    (lambda: quantize_mxfp4(jnp.ones((4, 32)), scale_rule="nearest"), ValueError, "scale_rule"),
+    (lambda: quantize_mxfp4(jnp.ones((4, 32)), hadamard=8), ValueError, "hadamard"),
+    (lambda: quantize_mxfp4(jnp.ones((4, 32)), hadamard=16.0), TypeError, "hadamard"),
+    (lambda: quantize_mxfp4(jnp.ones((4, 32)), hadamard_key=1), ValueError, "hadamard_key"),
+    (lambda: quantize_mxfp4(jnp.ones((4, 32)), sr_key=jnp.ones(2, jnp.int32)), TypeError, "sr_key"),
+    (lambda: quantize_mxfp4(jnp.ones((4, 32)), sr_key=-1), ValueError, "sr_key"),
+    (lambda: quantize_mxfp4(jnp.ones((4, 32)), sr_key="seed"), TypeError, "sr_key"),
+    (lambda: quantize_mxfp4(jnp.ones((4, 32)), sr_key=jax.random.split(jax.random.key(0))), ValueError, "sr_key"),
+    (lambda: cast_mxfp4(jnp.ones((4, 4, 32))), ValueError, "x"),
+    (lambda: cast_mxfp4(jnp.ones((48, 64)), columnwise=True), ValueError, "x"),
+    (lambda: cast_mxfp4(jnp.ones((16, 32)), layout="gemm_b"), ValueError, "x"),
+    (lambda: cast_mxfp4(jnp.ones((8, 64)), layout="gemm_b"), ValueError, "x"),
+    (lambda: cast_mxfp4(jnp.ones((16, 64)), layout="shuffled"), ValueError, "layout"),
+    (lambda: cast_mxfp4(jnp.ones((16, 64)), columnwise=1), TypeError, "columnwise"),
+    (lambda: cast_mxfp4_dual(jnp.ones((16, 64)), layout_columnwise="gemm_b"), ValueError, "x"),
+    (lambda: cast_mxfp4_dual(jnp.ones((32, 64)), hadamard_columnwise=64), ValueError, "hadamard_columnwise"),
+    (lambda: cast_mxfp4(jnp.ones((32, 64)), index_offset=np.asarray([0, 16], np.uint32)), ValueError,
+     "index_offset"),
+    (lambda: cast_mxfp4(jnp.ones((32, 64)), index_offset=(0, 0)), TypeError, "index_offset"),
+    (lambda: dequantize_mxfp4(jnp.ones((4, 16), jnp.int8), jnp.ones((4, 1), jnp.uint8)), TypeError, "data"),
+    (lambda: dequantize_mxfp4(jnp.ones((4, 16), jnp.uint8), jnp.ones((4, 2), jnp.uint8)), ValueError, "scales"),
+    (lambda: dequantize_mxfp4(jnp.ones((4, 15), jnp.uint8), jnp.ones((4, 1), jnp.uint8)), ValueError, "data"),
+    (lambda: dequantize_mxfp4(jnp.ones((4, 16), jnp.uint8), jnp.ones((4, 1), jnp.uint8), jnp.int32), TypeError,
+     "dtype"),
+    (lambda: shuffle_fp4(jnp.ones((16, 48), jnp.uint8)), ValueError, "data"),
+    (lambda: shuffle_scales(jnp.ones((16, 4), jnp.float32)), TypeError, "scales"),
+    (lambda: unshuffle_scales(jnp.ones((256, 8), jnp.uint8), (300, 4)), ValueError, "scales"),
+    (lambda: unshuffle_scales(jnp.ones((256, 8), jnp.uint8), 256), TypeError, "shape"),
+])
+def test_bad_arguments_are_named(call, error, name):
+    with pytest.raises(error, match=rf"^{name}\b"):
+        call()
