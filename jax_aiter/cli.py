@@ -1,5 +1,5 @@
 """The ``jax-aiter`` command: ``info`` (which implementation each op takes here), ``demo`` (train the tiny
-Llama-style model on the CPU or GPU) and, with the MXFP4 package, ``convergence``."""
+Llama-style model on the CPU or GPU) and ``convergence`` (the same model with BF16 vs each MXFP4 recipe)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_convergence(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from jax_aiter.examples import convergence, tiny_llama
+
+    cfg = tiny_llama.Config(steps=args.steps, seed=args.seed)
+    recipes = args.recipes or list(convergence.RECIPES)
+    total = cfg.steps
+    bars = {}
+
+    def on_step(name: str, step: int, loss: float) -> None:
+        if name not in bars:
+            print(f"{name}:", file=sys.stderr)
+            bars[name] = _progress(total)
+        bars[name](step, loss)
+
+    results = convergence.run(cfg, recipes, on_step)
+    print(f"{'run':<20} {'final loss':>10} {'gap / BF16 progress':>20}")
+    for name, row in convergence.summary(results)["runs"].items():
+        print(f"{name:<20} {row['final_loss']:>10.4f} {row['relative_gap']:>20.3%}")
+    for path in convergence.save(results, cfg, Path(args.out)):
+        print(f"wrote {path}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jax-aiter", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -63,6 +88,12 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--steps", type=int, default=150)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(run=cmd_demo)
+    conv = sub.add_parser("convergence", help="train the demo model with BF16 and each MXFP4 recipe, compare losses")
+    conv.add_argument("--steps", type=int, default=150)
+    conv.add_argument("--seed", type=int, default=0)
+    conv.add_argument("--recipes", nargs="*", help="recipe names (default: all)")
+    conv.add_argument("--out", default="convergence-out", help="directory for convergence.json and .png")
+    conv.set_defaults(run=cmd_convergence)
     args = parser.parse_args(argv)
     return args.run(args)
 
