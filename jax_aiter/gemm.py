@@ -29,3 +29,5 @@ def gemm(a: jax.Array, b: jax.Array) -> jax.Array:
 _backend.define_op("gemm", example=lambda: ((jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16),
                                              jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)), {}))
 _backend.register("gemm", "xla", ref.gemm)
+
+import jax_aiter.aiter.gemm  # noqa: E402,F401  (registers the ROCm implementation)

@@ -132,3 +132,5 @@ _backend.register("rms_norm_with_add", "xla", ref.rms_norm_with_add)
 _backend.register("rms_norm_with_add", "native",
                   lambda x, residual, gamma, epsilon: _native_rms_norm_with_add(x, residual, gamma, epsilon),
                   library=_backend.NATIVE_LIBRARIES, supports=_native_supports)
+
+import jax_aiter.aiter.rmsnorm  # noqa: E402,F401  (registers the ROCm implementation)

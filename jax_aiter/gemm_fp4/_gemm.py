@@ -53,3 +53,5 @@ def _example() -> tuple[tuple, dict]:
 
 _backend.define_op("gemm_fp4", example=_example)
 _backend.register("gemm_fp4", "xla", jax.jit(ref.gemm_fp4))
+
+import jax_aiter.aiter.gemm_fp4  # noqa: E402,F401  (registers the ROCm implementation)

@@ -1,0 +1,28 @@
+"""The AITER bridge: ROCm implementations ("aiter") of jax-aiter's ops over AMD's AITER kernels.
+
+Compile-checked and lowered here, not run on hardware here (docs/aiter-bridge.md). Each submodule below
+registers an ``aiter`` implementation with ``jax_aiter._backend`` when imported. It imports its op module first
+(the op must be defined), and the op module imports it at its end, so either may be imported first. This
+package's ``__init__`` imports neither, so importing it never imports an op:
+
+* ``jax_aiter.aiter.rmsnorm``  rms_norm, rms_norm_with_add  (AITER's opus RMSNorm, C ABI)
+* ``jax_aiter.aiter.gemm``     gemm                         (ASM a16w16, gfx942 and gfx950)
+* ``jax_aiter.aiter.gemm_fp4`` gemm_fp4                     (ASM a4w4, gfx950)
+* ``jax_aiter.mha._aiter``     flash_attn, flash_attn_varlen (AITER's mha_fwd / mha_bwd C++ API)
+
+Building the libraries and staging AITER's code objects: ``scripts/build-aiter.sh`` (docs/building-rocm.md).
+"""
+
+# The FFI targets of the two libraries (csrc/aiter/targets.cc, csrc/aiter/mha_targets.cc).
+GEMM_FP4 = "ja_aiter_gemm_fp4"
+GEMM_BF16 = "ja_aiter_gemm_bf16"
+RMS_NORM_FWD = "ja_aiter_rms_norm_fwd"
+ADD_RMS_NORM_FWD = "ja_aiter_add_rms_norm_fwd"
+MHA_FWD = "ja_aiter_mha_fwd"
+MHA_BWD = "ja_aiter_mha_bwd"
+MHA_VARLEN_FWD = "ja_aiter_mha_varlen_fwd"
+MHA_VARLEN_BWD = "ja_aiter_mha_varlen_bwd"
+
+# Library names as jax_aiter._native knows them.
+LIBRARY = "aiter"
+MHA_LIBRARY = "aiter_mha"

@@ -1,0 +1,124 @@
+"""The manifest of a staged AITER build: which AITER commit, which GPU architectures and which build
+configuration produced the staged files, and a hash of every file.
+
+A staged build is reused only when all three inputs match and every file is as the manifest recorded
+(:func:`mismatches` lists what differs). ``scripts/build-aiter.sh`` rebuilds on a mismatch, or fails with
+``--reuse-only``; CMake refuses a stage that does not match. The ROCm version is recorded as provenance only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA = 1
+FILE_NAME = "manifest.json"
+_ARCH = re.compile(r"gfx[0-9a-f]+")
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read, or build inputs that cannot be stated."""
+
+
+def parse_archs(text: str) -> tuple[str, ...]:
+    """``"gfx942;gfx950"`` (``;`` or ``,`` separated, as GPU_ARCHS is written) -> sorted, unique names."""
+    archs = sorted({part.strip() for part in re.split(r"[;,]", text) if part.strip()})
+    if not archs:
+        raise ManifestError("GPU_ARCHS names no architecture")
+    bad = [a for a in archs if not _ARCH.fullmatch(a)]
+    if bad:
+        raise ManifestError(f"GPU_ARCHS: {bad} are not gfx architecture names (e.g. gfx942)")
+    return tuple(archs)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def config_hash(root: Path, files: Iterable[str], settings: Mapping[str, Any]) -> str:
+    """One hash of the build configuration: the contents of ``files`` (paths relative to ``root``) and the
+    JSON-serializable ``settings`` (modules, asset families, build flags)."""
+    digest = hashlib.sha256()
+    for rel in sorted(files):
+        path = root / rel
+        if not path.is_file():
+            raise ManifestError(f"build configuration file {rel} does not exist under {root}")
+        digest.update(f"{rel}\0{sha256_file(path)}\0".encode())
+    digest.update(json.dumps(settings, sort_keys=True, separators=(",", ":")).encode())
+    return "sha256:" + digest.hexdigest()
+
+
+@dataclasses.dataclass(frozen=True)
+class BuildKey:
+    """The inputs a staged build must match to be reused."""
+
+    aiter_commit: str
+    gpu_archs: tuple[str, ...]
+    config_hash: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"aiter_commit": self.aiter_commit, "gpu_archs": list(self.gpu_archs), "config_hash": self.config_hash}
+
+
+def hash_tree(stage: Path) -> dict[str, str]:
+    """sha256 of every file under ``stage`` except the manifest, by path relative to ``stage``."""
+    return {path.relative_to(stage).as_posix(): sha256_file(path)
+            for path in sorted(stage.rglob("*")) if path.is_file() and path.name != FILE_NAME}
+
+
+def write(stage: Path, key: BuildKey, provenance: Mapping[str, str]) -> dict[str, Any]:
+    """Record ``key``, ``provenance`` and the hashes of the files now under ``stage``; returns the manifest."""
+    data = {"schema": SCHEMA, **key.as_json(), "provenance": dict(provenance), "files": hash_tree(stage)}
+    tmp = stage / (FILE_NAME + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, stage / FILE_NAME)  # a crash mid-write leaves no manifest, never a half one
+    return data
+
+
+def read(stage: Path) -> dict[str, Any] | None:
+    """The manifest under ``stage``; None when there is none."""
+    path = stage / FILE_NAME
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ManifestError(f"{path} is unreadable: {err}") from err
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ManifestError(f"{path} is not a schema-{SCHEMA} manifest")
+    return data
+
+
+def mismatches(stage: Path, key: BuildKey, *, verify_files: bool = True) -> list[str]:
+    """Why the build staged under ``stage`` must not be reused for ``key``; empty when it may be."""
+    try:
+        data = read(stage)
+    except ManifestError as err:
+        return [str(err)]
+    if data is None:
+        return [f"no {FILE_NAME} in {stage}"]
+    problems = []
+    for field, wanted in key.as_json().items():
+        if data.get(field) != wanted:
+            problems.append(f"{field}: staged {data.get(field)!r}, wanted {wanted!r}")
+    if verify_files:
+        recorded = data.get("files", {})
+        present = hash_tree(stage)
+        for rel in sorted(set(recorded) | set(present)):
+            if rel not in present:
+                problems.append(f"{rel}: recorded but missing")
+            elif rel not in recorded:
+                problems.append(f"{rel}: present but not recorded")
+            elif present[rel] != recorded[rel]:
+                problems.append(f"{rel}: contents changed since staging")
+    return problems

@@ -1,0 +1,175 @@
+"""cuDNN flash attention through ``jax.nn.dot_product_attention(implementation="cudnn")``.
+
+The ``supports_*`` checks accept only calls that cuDNN computes with the reference's semantics; everything else
+(ALiBi, dropout, lse, windows cuDNN cannot express, …) falls back to the xla implementation. Differentiation
+uses JAX's own cuDNN backward rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+
+import jax
+import jax.numpy as jnp
+
+from jax_aiter.mha._contract import unpack_optional
+
+_DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+# XLA flags under which cuDNN's attention backward runs deterministically (XLA's RequireDeterminism).
+_DETERMINISM_FLAGS = re.compile(
+    r"--xla_gpu_(?:deterministic_ops|exclude_nondeterministic_ops)(?:=(?:true|1))?(?=\s|$)")
+
+
+def flash_attn(q, k, v, *optional, softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic,
+               return_lse):
+    # has_alibi, dropout_p, deterministic and return_lse are settled by supports_flash_attn.
+    bias, _, _ = unpack_optional(optional, has_bias=has_bias, has_alibi=has_alibi, dropout_p=dropout_p)
+    if bias is not None:
+        # cuDNN reads a full [1, Hq, Sq, Sk] bias; broadcasting here lets autodiff sum dbias back to bias's shape.
+        bias = jnp.broadcast_to(bias, (1, q.shape[2], q.shape[1], k.shape[1]))
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=softmax_scale, implementation="cudnn",
+                                        **_mask_options(window))
+
+
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, max_seqlen_q, max_seqlen_k, softmax_scale,
+                      window, has_bias, has_alibi, dropout_p, deterministic, return_lse):
+    # Optional operands are all rejected by supports_flash_attn_varlen, so only q, k, v and offsets arrive.
+    len_q = jnp.diff(cu_seqlens_q)
+    len_k = jnp.diff(cu_seqlens_k)
+    q_pad = _pad(q, cu_seqlens_q, len_q, max_seqlen_q)
+    k_pad = _pad(k, cu_seqlens_k, len_k, max_seqlen_k)
+    v_pad = _pad(v, cu_seqlens_k, len_k, max_seqlen_k)
+    # Only keys are length-masked: padding query rows then stay finite (with full or causal masks they see
+    # at least one key), so the backward pass, which reads every row of the output, never meets undefined
+    # values. A sequence without keys is given one zero key for the same reason; its output is zeroed below.
+    out = jax.nn.dot_product_attention(q_pad, k_pad, v_pad, scale=softmax_scale,
+                                       key_value_seq_lengths=jnp.maximum(len_k, 1), implementation="cudnn",
+                                       **_mask_options(window))
+    out = jnp.where((len_k > 0)[:, None, None, None], out, 0)
+    return _unpad(out, cu_seqlens_q, q.shape[0])
+
+
+def supports_flash_attn(q, k, v, *optional, softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic,
+                        return_lse):
+    reason = _common_reason(q, k, v, has_alibi=has_alibi, dropout_p=dropout_p, deterministic=deterministic,
+                            return_lse=return_lse)
+    if reason:
+        return reason
+    if window != (-1, -1) and q.shape[1] != k.shape[1]:
+        return "cuDNN aligns causal/window masks top-left; bottom-right alignment with Sq != Sk needs xla"
+    reason = _window_reason(window)
+    if reason:
+        return reason
+    if has_bias:
+        bias, _, _ = unpack_optional(optional, has_bias=has_bias, has_alibi=has_alibi, dropout_p=dropout_p)
+        if bias.dtype != q.dtype:
+            return f"cuDNN needs the bias in q's dtype ({q.dtype}), got {bias.dtype}"
+        if bias.shape[0] != 1:
+            return "cuDNN's bias gradient needs a bias without a batch dimension (shape [1, ...])"
+        if q.shape[1] % 2 or k.shape[1] % 2:
+            return "cuDNN's backward with a bias needs even Sq and Sk"
+    return None
+
+
+def supports_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, max_seqlen_q, max_seqlen_k,
+                               softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic, return_lse):
+    reason = _common_reason(q, k, v, has_alibi=has_alibi, dropout_p=dropout_p, deterministic=deterministic,
+                            return_lse=return_lse)
+    if reason:
+        return reason
+    if has_bias:
+        return "a bias in packed coordinates is not expressible for cuDNN"
+    if max_seqlen_q == 0 or max_seqlen_k == 0:
+        return "cuDNN needs max_seqlen_q and max_seqlen_k >= 1"
+    if window not in ((-1, -1), (-1, 0)):
+        # A left bound would leave padding query rows with no key, and their undefined values would reach the
+        # backward pass (see flash_attn_varlen).
+        return "cuDNN varlen here takes full or causal attention only"
+    if window == (-1, 0) and not (cu_seqlens_k is cu_seqlens_q and max_seqlen_q == max_seqlen_k):
+        # cuDNN's padded masks start every sequence's q and k at position 0 (top-left); only when q and k
+        # share their offsets (self-attention) does that equal the bottom-right alignment.
+        return "causal masks need cu_seqlens_k to be cu_seqlens_q (top-left = bottom-right alignment)"
+    return None
+
+
+def _common_reason(q, k, v, *, has_alibi, dropout_p, deterministic, return_lse) -> str | None:
+    problem = _availability_problem()
+    if problem:
+        return problem
+    if q.dtype not in _DTYPES:
+        return f"cuDNN attention takes bfloat16/float16, got {q.dtype}"
+    head_dim, limit = q.shape[-1], _max_head_dim()
+    if head_dim % 8 or head_dim > limit:
+        return f"cuDNN needs a head dim that is a multiple of 8 and <= {limit} on this GPU, got {head_dim}"
+    if v.shape[-1] != head_dim:
+        return "cuDNN needs v's head dim equal to q's"
+    if has_alibi:
+        return "cuDNN has no ALiBi"
+    if dropout_p > 0:
+        return "jax.nn.dot_product_attention exposes no cuDNN dropout"
+    if return_lse:
+        return "jax.nn.dot_product_attention rounds cuDNN's lse to q's dtype; the contract is float32"
+    if deterministic and not _DETERMINISM_FLAGS.search(os.environ.get("XLA_FLAGS", "")):
+        return ("deterministic=True: cuDNN's backward is deterministic only with "
+                "XLA_FLAGS=--xla_gpu_exclude_nondeterministic_ops=true; pass deterministic=False to use it")
+    return None
+
+
+def _window_reason(window: tuple[int, int]) -> str | None:
+    left, right = window
+    if right == -1 and left != -1:
+        return "cuDNN has no left-only window without a causal bound"
+    if right > 0:
+        return "cuDNN has no right window"
+    return None
+
+
+def _mask_options(window: tuple[int, int]) -> dict:
+    """jax.nn options for a window that _window_reason accepted: none, causal, or causal with a left bound."""
+    left, right = window
+    if right != 0:
+        return {}
+    return {"is_causal": True, "local_window_size": (left, 0) if left >= 0 else None}
+
+
+def _pad(x: jax.Array, cu_seqlens: jax.Array, lengths: jax.Array, max_seqlen: int) -> jax.Array:
+    """Packed ``[T, H, D]`` -> ``[B, max_seqlen, H, D]``, zero past each sequence's length."""
+    index = cu_seqlens[:-1, None] + jnp.arange(max_seqlen, dtype=cu_seqlens.dtype)[None, :]
+    valid = jnp.arange(max_seqlen)[None, :] < lengths[:, None]
+    gathered = x[jnp.clip(index, 0, x.shape[0] - 1)]
+    return jnp.where(valid[:, :, None, None], gathered, 0)
+
+
+def _unpad(x: jax.Array, cu_seqlens: jax.Array, total: int) -> jax.Array:
+    """``[B, max_seqlen, H, D]`` -> packed ``[T, H, D]``; tokens past the last sequence get 0."""
+    batch, max_seqlen = x.shape[:2]
+    tokens = jnp.arange(total, dtype=cu_seqlens.dtype)
+    seq = jnp.searchsorted(cu_seqlens[1:], tokens, side="right")
+    inside = seq < batch
+    seq = jnp.clip(seq, 0, batch - 1)
+    pos = jnp.clip(tokens - cu_seqlens[seq], 0, max_seqlen - 1)
+    return jnp.where(inside[:, None, None], x[seq, pos], 0)
+
+
+@functools.cache
+def _availability_problem() -> str | None:
+    """Why cuDNN attention cannot be traced in this process (no CUDA plugin, no cuDNN), or None."""
+    spec = jax.ShapeDtypeStruct((1, 8, 1, 8), jnp.bfloat16)
+    try:
+        jax.eval_shape(functools.partial(jax.nn.dot_product_attention, implementation="cudnn"), spec, spec, spec)
+    except (RuntimeError, NotImplementedError, ValueError) as err:
+        return f"cuDNN attention is unavailable in this process: {err}"
+    return None
+
+
+@functools.cache
+def _max_head_dim() -> int:
+    """cuDNN's flash kernels take head dims up to 256 from Hopper (sm_90) on and up to 128 before."""
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return 128
+    capabilities = [tuple(int(p) for p in d.compute_capability.split(".")) for d in devices]
+    return 256 if capabilities and min(capabilities) >= (9, 0) else 128

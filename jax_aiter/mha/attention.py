@@ -1,0 +1,223 @@
+"""Flash attention: ``flash_attn_func`` (BSHD) and ``flash_attn_varlen`` (packed THD).
+
+Each public function checks its arguments, puts them in the op's canonical form (docs/attention.md, "Kernel
+contract") and dispatches; implementations, in preference order: AITER on ROCm and cuDNN on CUDA, each where it
+supports the call, then the pure-JAX reference everywhere. Semantics follow flash-attn: masks aligned to the
+bottom-right corner, ALiBi on the same aligned distance, dropout on the normalized probabilities, lse of the
+undropped softmax.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_aiter import _backend
+from jax_aiter.mha import _checks, _cudnn
+from jax_aiter.mha._contract import FLASH_ATTN, FLASH_ATTN_VARLEN, pack_optional, unpack_optional
+from jax_aiter.ref import attention as ref
+
+
+def flash_attn_func(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    bias: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+    deterministic: bool = True,
+    return_lse: bool = False,
+    dropout_key: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Attention over q ``[B, Sq, Hq, D]``, k ``[B, Sk, Hk, D]``, v ``[B, Sk, Hk, Dv]`` with Hq % Hk == 0.
+
+    Args:
+      dropout_p: probability of dropping an attention weight (static); needs ``dropout_key`` when > 0.
+      softmax_scale: logit scale, default ``1/sqrt(D)``.
+      causal: query i sees keys j <= i + Sk - Sq (bottom-right aligned); same as ``window_size[1] = 0``.
+      window_size: ``(left, right)``: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right;
+        −1 leaves that side unbounded.
+      bias: added to the logits, broadcastable (numpy rules) to ``[B, Hq, Sq, Sk]``; differentiable.
+      alibi_slopes: float32 ``[Hq]`` or ``[B, Hq]``; adds ``−slope·|i + Sk − Sq − j|`` to the logits.
+      deterministic: require a backward pass with a fixed reduction order (implementations that cannot
+        guarantee it are skipped).
+      return_lse: also return the float32 log-sum-exp of the (scaled, biased, masked) logits, ``[B, Hq, Sq]``;
+        −inf for a query that sees no key.
+      dropout_key: a ``jax.random.key`` (any implementation) or a raw uint32[2] threefry key.
+
+    Returns ``out [B, Sq, Hq, Dv]`` in q's dtype, or ``(out, lse)``.
+    """
+    operands, params = flash_attn_call(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                                       window_size=window_size, bias=bias, alibi_slopes=alibi_slopes,
+                                       deterministic=deterministic, return_lse=return_lse, dropout_key=dropout_key)
+    return _backend.dispatch(FLASH_ATTN, *operands, **params)
+
+
+def flash_attn_varlen(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    cu_seqlens_q: jax.Array,
+    cu_seqlens_k: jax.Array,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    dropout_p: float = 0.0,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    bias: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+    deterministic: bool = True,
+    return_lse: bool = False,
+    dropout_key: jax.Array | None = None,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """Attention over packed sequences: q ``[Tq, Hq, D]``, k ``[Tk, Hk, D]``, v ``[Tk, Hk, Dv]``.
+
+    Sequence b is ``q[cu_seqlens_q[b]:cu_seqlens_q[b+1]]`` against ``k[cu_seqlens_k[b]:cu_seqlens_k[b+1]]``
+    (int32 offsets ``[B+1]``, starting at 0, nondecreasing; checked when not traced). ``max_seqlen_q/k`` are
+    static ints bounding every sequence length. Masks and ALiBi use positions within each sequence, aligned
+    bottom-right per sequence. ``bias`` is broadcastable to ``[Hq, Tq, Tk]`` in packed coordinates (only the
+    blocks of each sequence are read); ``alibi_slopes`` is ``[Hq]`` or ``[B, Hq]``. Tokens past the last
+    offset belong to no sequence (output 0, lse −inf). Other options are those of :func:`flash_attn_func`.
+
+    Returns ``out [Tq, Hq, Dv]``, or ``(out, lse [Hq, Tq])``.
+    """
+    operands, params = flash_attn_varlen_call(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, bias=bias, alibi_slopes=alibi_slopes,
+        deterministic=deterministic, return_lse=return_lse, dropout_key=dropout_key)
+    return _backend.dispatch(FLASH_ATTN_VARLEN, *operands, **params)
+
+
+def flash_attn_call(q, k, v, *, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes, deterministic,
+                    return_lse, dropout_key) -> tuple[tuple, dict[str, Any]]:
+    """The checked operands and static parameters :func:`flash_attn_func` dispatches (for backend queries)."""
+    _checks.check_qkv(q, k, v, rank=4)
+    batch, seqlen_q, q_heads, head_dim = q.shape
+    seqlen_k = k.shape[1]
+    bias_shape = None if bias is None else _checks.check_bias(bias, (batch, q_heads, seqlen_q, seqlen_k),
+                                                              "[B, Hq, Sq, Sk]")
+    optional, params = _common(batch, q_heads, head_dim, bias=bias, bias_shape=bias_shape, dropout_p=dropout_p,
+                               softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                               alibi_slopes=alibi_slopes, deterministic=deterministic, return_lse=return_lse,
+                               dropout_key=dropout_key)
+    return (*_as_jax(q, k, v), *optional), params
+
+
+def flash_attn_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, dropout_p,
+                           softmax_scale, causal, window_size, bias, alibi_slopes, deterministic, return_lse,
+                           dropout_key) -> tuple[tuple, dict[str, Any]]:
+    """The checked operands and static parameters :func:`flash_attn_varlen` dispatches (for backend queries)."""
+    _checks.check_qkv(q, k, v, rank=3)
+    batch = _checks.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
+    max_seqlen_q = _checks.check_static_int("max_seqlen_q", max_seqlen_q, minimum=0)
+    max_seqlen_k = _checks.check_static_int("max_seqlen_k", max_seqlen_k, minimum=0)
+    _checks.check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q")
+    _checks.check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
+    tokens_q, q_heads, head_dim = q.shape
+    bias_shape = None if bias is None else _checks.check_bias(bias, (q_heads, tokens_q, k.shape[0]), "[Hq, Tq, Tk]")
+    optional, params = _common(batch, q_heads, head_dim, bias=bias, bias_shape=bias_shape, dropout_p=dropout_p,
+                               softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                               alibi_slopes=alibi_slopes, deterministic=deterministic, return_lse=return_lse,
+                               dropout_key=dropout_key)
+    params = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, **params}
+    cu_q, cu_k = _as_jax(cu_seqlens_q, cu_seqlens_k)
+    if cu_seqlens_k is cu_seqlens_q:
+        cu_k = cu_q  # one offsets array for q and k tells implementations the sequences are the same
+    return (*_as_jax(q, k, v), cu_q, cu_k, *optional), params
+
+
+def _common(batch, q_heads, head_dim, *, bias, bias_shape, dropout_p, softmax_scale, causal, window_size,
+            alibi_slopes, deterministic, return_lse, dropout_key):
+    """Checks shared by both layouts, then (all checks passed) the canonical forms: the bias at the rank of
+    its target (``bias_shape``), slopes as ``[B, Hq]``, the dropout seed, and the static parameters."""
+    causal = _checks.check_flag("causal", causal)
+    deterministic = _checks.check_flag("deterministic", deterministic)
+    return_lse = _checks.check_flag("return_lse", return_lse)
+    window = _checks.check_window(window_size, causal)
+    softmax_scale = _checks.check_softmax_scale(softmax_scale, head_dim)
+    dropout_p = _checks.check_dropout(dropout_p, dropout_key)
+    if alibi_slopes is not None:
+        _checks.check_alibi_slopes(alibi_slopes, batch, q_heads)
+        alibi_slopes = jnp.broadcast_to(alibi_slopes, (batch, q_heads))
+    if bias is not None:
+        bias = jnp.reshape(bias, bias_shape)
+    dropout_seed = _dropout_seed(dropout_key) if dropout_p > 0 else None
+    optional, flags = pack_optional(bias, alibi_slopes, dropout_seed)
+    params = {"softmax_scale": softmax_scale, "window": window, **flags, "dropout_p": dropout_p,
+              "deterministic": deterministic, "return_lse": return_lse}
+    return optional, params
+
+
+def _as_jax(*arrays):
+    """numpy operands become jax arrays, which implementations may index with traced values."""
+    return tuple(jnp.asarray(x) if isinstance(x, np.ndarray) else x for x in arrays)
+
+
+def _dropout_seed(dropout_key: jax.Array) -> jax.Array:
+    """Two uint32 words drawn from the key: the one seed format every implementation takes."""
+    if not jax.dtypes.issubdtype(dropout_key.dtype, jax.dtypes.prng_key):
+        dropout_key = jax.random.wrap_key_data(dropout_key, impl="threefry2x32")
+    return jax.random.bits(dropout_key, (2,), jnp.uint32)
+
+
+# --- the xla implementation: the reference in the op's calling convention ------------------------------
+
+
+def _xla_flash_attn(q, k, v, *optional, softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic,
+                    return_lse):
+    del deterministic  # the reference has one fixed reduction order
+    bias, alibi_slopes, dropout_seed = unpack_optional(optional, has_bias=has_bias, has_alibi=has_alibi,
+                                                       dropout_p=dropout_p)
+    out, lse = ref.attention(q, k, v, bias=bias, alibi_slopes=alibi_slopes, dropout_seed=dropout_seed,
+                             softmax_scale=softmax_scale, window=window, dropout_p=dropout_p)
+    return (out, lse) if return_lse else out
+
+
+def _xla_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, max_seqlen_q, max_seqlen_k,
+                           softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic, return_lse):
+    # The block-diagonal reference is exact for any lengths, so it needs neither maximum.
+    del max_seqlen_q, max_seqlen_k, deterministic
+    bias, alibi_slopes, dropout_seed = unpack_optional(optional, has_bias=has_bias, has_alibi=has_alibi,
+                                                       dropout_p=dropout_p)
+    out, lse = ref.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, bias=bias, alibi_slopes=alibi_slopes,
+                                    dropout_seed=dropout_seed, softmax_scale=softmax_scale, window=window,
+                                    dropout_p=dropout_p)
+    return (out, lse) if return_lse else out
+
+
+def _flash_attn_example():
+    """A causal GQA training step in bf16, with the public defaults otherwise (for ``jax_aiter.info()``)."""
+    q = jax.ShapeDtypeStruct((2, 1024, 16, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((2, 1024, 8, 128), jnp.bfloat16)
+    return flash_attn_call(q, kv, kv, dropout_p=0.0, softmax_scale=None, causal=True, window_size=(-1, -1),
+                           bias=None, alibi_slopes=None, deterministic=True, return_lse=False, dropout_key=None)
+
+
+def _flash_attn_varlen_example():
+    """Causal self-attention over 4 packed sequences of up to 1024 tokens, bf16, public defaults otherwise."""
+    q = jax.ShapeDtypeStruct((4096, 16, 128), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((4096, 8, 128), jnp.bfloat16)
+    cu_seqlens = jax.ShapeDtypeStruct((5,), jnp.int32)
+    return flash_attn_varlen_call(q, kv, kv, cu_seqlens, cu_seqlens, 1024, 1024, dropout_p=0.0,
+                                  softmax_scale=None, causal=True, window_size=(-1, -1), bias=None,
+                                  alibi_slopes=None, deterministic=True, return_lse=False, dropout_key=None)
+
+
+_backend.define_op(FLASH_ATTN, example=_flash_attn_example)
+_backend.register(FLASH_ATTN, "xla", _xla_flash_attn)
+_backend.register(FLASH_ATTN, "cudnn", _cudnn.flash_attn, platforms=("cuda",), supports=_cudnn.supports_flash_attn)
+_backend.define_op(FLASH_ATTN_VARLEN, example=_flash_attn_varlen_example)
+_backend.register(FLASH_ATTN_VARLEN, "xla", _xla_flash_attn_varlen)
+_backend.register(FLASH_ATTN_VARLEN, "cudnn", _cudnn.flash_attn_varlen, platforms=("cuda",),
+                  supports=_cudnn.supports_flash_attn_varlen)
+
+# The ROCm implementation registers itself for the ops defined above (it imports this module first, so either
+# may be imported first).
+from jax_aiter.mha import _aiter  # noqa: E402,F401

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Compile-check the AITER bridge (csrc/aiter) as HIP for every architecture in GPU_ARCHS (default
+# "gfx942;gfx950") with Debian's clang-22 and the HIP headers of libamdhip64-dev; no GPU needed. The ASM
+# launcher and the GEMM and RMSNorm handlers need no AITER headers. The MHA handlers include AITER's
+# mha_fwd.h / mha_bwd.h: with third_party/aiter checked out they compile against those; without it against the
+# stand-in declarations in tests/fixtures/aiter/api_standin (a consistency check of mha.cc, not of AITER).
+# Installs the toolchain with apt-get when it is missing (needs root or sudo).
+#
+# Objects are compiled with -fgpu-rdc: the sources are host code only (the device code is AITER's prebuilt
+# code objects), and relocatable device code skips the device link, which would want ROCm's device libraries.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CLANG=${CLANG:-/usr/lib/llvm-22/bin/clang++}
+PYTHON=${PYTHON:-python3}
+[ -x .venv/bin/python ] && [ "$PYTHON" = python3 ] && PYTHON=.venv/bin/python
+GPU_ARCHS=${GPU_ARCHS:-gfx942;gfx950}
+
+if [ ! -x "$CLANG" ] || [ ! -f /usr/include/hip/hip_runtime.h ]; then
+  echo "compile-check-aiter: installing clang-22, lld-22, llvm-22 and libamdhip64-dev"
+  sudo_cmd=""
+  [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  $sudo_cmd apt-get install -y -qq clang-22 lld-22 llvm-22 libamdhip64-dev >/dev/null
+fi
+
+ffi_include=$("$PYTHON" -c "import jax.ffi; print(jax.ffi.include_dir())")
+out=$(mktemp -d "${TMPDIR:-/tmp}/compile-check-aiter.XXXXXX")
+trap 'rm -rf "$out"' EXIT
+
+sources=(
+  csrc/aiter/kernel_table.cc
+  csrc/aiter/gemm_select.cc
+  csrc/aiter/asm_launcher.cc
+  csrc/aiter/gemm_fp4.cc
+  csrc/aiter/gemm_bf16.cc
+  csrc/aiter/rms_norm.cc
+  csrc/aiter/targets.cc
+  csrc/aiter/mha.cc
+  csrc/aiter/mha_targets.cc
+)
+if [ -f third_party/aiter/csrc/include/mha_fwd.h ]; then
+  mha_includes="-isystem third_party/aiter/csrc/include"
+  echo "compile-check-aiter: MHA handlers against third_party/aiter's headers"
+else
+  mha_includes="-Itests/fixtures/aiter/api_standin"
+  echo "compile-check-aiter: third_party/aiter is not checked out; MHA handlers against the stand-in declarations"
+fi
+
+IFS=';' read -r -a archs <<<"$GPU_ARCHS"
+compile_one() {  # arch source: compile, then require code for this architecture and for the host
+  local arch=$1 src=$2
+  local obj="$out/$arch-$(basename "$src" .cc).o"
+  "$CLANG" -x hip --offload-arch="$arch" -nogpulib -fgpu-rdc -std=c++17 -O2 -fPIC \
+    -D__AMDGCN_WAVEFRONT_SIZE=64 -Wall -Wextra -Werror \
+    -isystem "$ffi_include" -Icsrc/include -Icsrc/aiter $mha_includes -c "$src" -o "$obj"
+  /usr/lib/llvm-22/bin/clang-offload-bundler --list --type=o --input="$obj" | grep -q "amdhsa--$arch" \
+    || { echo "compile-check-aiter: $obj has no $arch code" >&2; return 1; }
+}
+export -f compile_one
+export CLANG out ffi_include mha_includes
+for arch in "${archs[@]}"; do
+  printf "$arch %s\n" "${sources[@]}"
+done | xargs -P "$(nproc)" -L 1 bash -c 'compile_one "$0" "$1"'
+echo "compile-check-aiter: ${#sources[@]} sources compiled for ${archs[*]}"

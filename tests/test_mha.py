@@ -1,0 +1,789 @@
+"""jax_aiter.mha against a float64 numpy oracle written from the flash-attn definition (docs/attention.md).
+
+The oracle loops over (batch, head) with plain numpy: logits = scale·q·kᵀ + bias − slope·|i + Sk − Sq − j|,
+bottom-right-aligned window, softmax, dropout as a given keep mask, and the textbook softmax backward.
+"""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from jax_aiter import _backend, use_backend
+from jax_aiter.mha import _cudnn, attention, flash_attn_func, flash_attn_varlen
+from jax_aiter.mha._contract import FLASH_ATTN, FLASH_ATTN_VARLEN
+
+F32_TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+def rand(shape, seed, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+# --- oracle ----------------------------------------------------------------------------------------------
+
+
+def oracle(q, k, v, *, scale=None, window=(-1, -1), bias=None, alibi=None, keep=None, dropout_p=0.0):
+    """Returns (out [B,Sq,Hq,Dv], lse [B,Hq,Sq], probs [B,Hq,Sq,Sk]) in float64."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    batch, sq, hq, dim = q.shape
+    sk, hk, dv = k.shape[1], k.shape[2], v.shape[3]
+    groups = hq // hk
+    scale = dim ** -0.5 if scale is None else scale
+    i = np.arange(sq)[:, None] + sk - sq
+    j = np.arange(sk)[None, :]
+    allowed = np.ones((sq, sk), bool)
+    if window[0] >= 0:
+        allowed &= j >= i - window[0]
+    if window[1] >= 0:
+        allowed &= j <= i + window[1]
+    bias = np.zeros((1,)) if bias is None else np.asarray(bias, np.float64)
+    bias = np.broadcast_to(bias, (batch, hq, sq, sk))
+    alibi = np.zeros((hq,)) if alibi is None else np.asarray(alibi, np.float64)
+    alibi = np.broadcast_to(alibi, (batch, hq))
+    out = np.zeros((batch, sq, hq, dv))
+    lse = np.full((batch, hq, sq), -np.inf)
+    probs = np.zeros((batch, hq, sq, sk))
+    for b in range(batch):
+        for h in range(hq):
+            s = scale * q[b, :, h] @ k[b, :, h // groups].T + bias[b, h] - alibi[b, h] * np.abs(i - j)
+            s = np.where(allowed, s, -np.inf)
+            for r in range(sq):
+                if np.isneginf(s[r]).all():
+                    continue
+                m = s[r].max()
+                e = np.exp(s[r] - m)
+                lse[b, h, r] = m + np.log(e.sum())
+                probs[b, h, r] = e / e.sum()
+            w = probs[b, h] if keep is None else probs[b, h] * keep[b, h] / (1 - dropout_p)
+            out[b, :, h] = w @ v[b, :, h // groups]
+    return out, lse, probs
+
+
+def oracle_grads(q, k, v, dout, probs, *, scale=None, dlse=None, keep=None, dropout_p=0.0):
+    """(dq, dk, dv, dlogits [B,Hq,Sq,Sk]) of sum(out·dout) + sum(lse·dlse); dlogits is also dbias unreduced."""
+    q, k, v, dout = (np.asarray(x, np.float64) for x in (q, k, v, dout))
+    hq, hk = q.shape[2], k.shape[2]
+    groups = hq // hk
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    dlogits = np.zeros_like(probs)
+    for b in range(q.shape[0]):
+        for h in range(hq):
+            p = probs[b, h]
+            drop = 1.0 if keep is None else keep[b, h] / (1 - dropout_p)
+            dv[b, :, h // groups] += (p * drop).T @ dout[b, :, h]
+            dp = (dout[b, :, h] @ v[b, :, h // groups].T) * drop
+            ds = p * (dp - (dp * p).sum(axis=1, keepdims=True))
+            if dlse is not None:
+                ds += p * dlse[b, h][:, None]
+            dq[b, :, h] = scale * ds @ k[b, :, h // groups]
+            dk[b, :, h // groups] += scale * ds.T @ q[b, :, h]
+            dlogits[b, h] = ds
+    return dq, dk, dv, dlogits
+
+
+def reduce_to(full, shape):
+    """Sum a [B,Hq,Sq,Sk] gradient down to a bias shape that broadcasts to it."""
+    padded = (1,) * (full.ndim - len(shape)) + tuple(shape)
+    axes = tuple(a for a, n in enumerate(padded) if n == 1 and full.shape[a] != 1)
+    return full.sum(axis=axes, keepdims=True).reshape(shape)
+
+
+def oracle_varlen(q, k, v, cu_q, cu_k, **kw):
+    """Per-sequence oracle on packed tensors: (out [Tq,Hq,Dv], lse [Hq,Tq])."""
+    out = np.zeros((q.shape[0], q.shape[1], v.shape[2]))
+    lse = np.full((q.shape[1], q.shape[0]), -np.inf)
+    alibi = kw.pop("alibi", None)
+    bias = kw.pop("bias", None)
+    for b in range(len(cu_q) - 1):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if sq.stop == sq.start:
+            continue
+        extra = {}
+        if alibi is not None:
+            extra["alibi"] = np.broadcast_to(alibi, (len(cu_q) - 1, q.shape[1]))[b]
+        if bias is not None:
+            full = np.broadcast_to(bias, (q.shape[1], q.shape[0], k.shape[0]))
+            extra["bias"] = full[None, :, sq, sk]
+        o, l, _ = oracle(q[None, sq], k[None, sk], v[None, sk], **kw, **extra)
+        out[sq], lse[:, sq] = o[0], l[0]
+    return out, lse
+
+
+def assert_lse_close(actual, expected, **tol):
+    actual = np.asarray(actual, np.float64)
+    np.testing.assert_array_equal(np.isneginf(actual), np.isneginf(expected))
+    finite = np.isfinite(expected)
+    np.testing.assert_allclose(actual[finite], expected[finite], **(tol or F32_TOL))
+
+
+def qkv(batch=2, sq=6, sk=6, hq=4, hk=2, dim=8, dv=None, seed=0, dtype=np.float32):
+    return (rand((batch, sq, hq, dim), seed, dtype), rand((batch, sk, hk, dim), seed + 1, dtype),
+            rand((batch, sk, hk, dv or dim), seed + 2, dtype))
+
+
+# --- forward ---------------------------------------------------------------------------------------------
+
+# Each head layout meets each length relation across the tests below, without the full product.
+HEADS_AND_LENGTHS = [pytest.param(4, 4, 6, 6, id="mha-sq=sk"), pytest.param(4, 1, 4, 9, id="mqa-sq<sk"),
+                     pytest.param(4, 2, 9, 4, id="gqa-sq>sk")]
+LENGTHS = [pytest.param(4, 9, id="sq<sk"), pytest.param(9, 4, id="sq>sk")]
+
+
+@pytest.mark.parametrize("hq,hk,sq,sk", HEADS_AND_LENGTHS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_and_lse_match_oracle(hq, hk, sq, sk, causal):
+    q, k, v = qkv(sq=sq, sk=sk, hq=hq, hk=hk, dv=5)
+    out, lse = flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    want, want_lse, _ = oracle(q, k, v, window=(-1, 0) if causal else (-1, -1))
+    assert out.shape == (2, sq, hq, 5) and out.dtype == jnp.float32
+    assert lse.shape == (2, hq, sq) and lse.dtype == jnp.float32
+    np.testing.assert_allclose(out, want, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+
+
+@pytest.mark.parametrize("window", [(2, 0), (1, 2), (-1, 1), (3, -1), (0, 0)])
+@pytest.mark.parametrize("sq,sk", LENGTHS)
+def test_window_bottom_right_alignment(window, sq, sk):
+    q, k, v = qkv(sq=sq, sk=sk, seed=3)
+    out, lse = flash_attn_func(q, k, v, window_size=window, return_lse=True)
+    want, want_lse, _ = oracle(q, k, v, window=window)
+    np.testing.assert_allclose(out, want, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+
+
+def test_causal_with_left_window_equals_window_with_right_zero():
+    q, k, v = qkv(sq=5, sk=8)
+    np.testing.assert_array_equal(flash_attn_func(q, k, v, causal=True, window_size=(2, -1)),
+                                  flash_attn_func(q, k, v, window_size=(2, 0)))
+
+
+def test_fully_masked_rows_give_zero_output_and_minus_inf_lse():
+    # Sq > Sk with causal: the first Sq - Sk queries sit before every key.
+    q, k, v = qkv(sq=7, sk=3)
+    out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    np.testing.assert_array_equal(out[:, :4], 0.0)
+    assert np.isneginf(np.asarray(lse[:, :, :4])).all()
+    assert np.isfinite(np.asarray(lse[:, :, 4:])).all()
+
+
+def test_softmax_scale():
+    q, k, v = qkv(seed=5)
+    out, lse = flash_attn_func(q, k, v, softmax_scale=0.37, causal=True, return_lse=True)
+    want, want_lse, _ = oracle(q, k, v, scale=0.37, window=(-1, 0))
+    np.testing.assert_allclose(out, want, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+
+
+@pytest.mark.parametrize("slopes_shape", [(4,), (2, 4)])
+@pytest.mark.parametrize("sq,sk,causal", [(5, 8, False), (8, 5, True), (6, 6, True)])
+def test_alibi(slopes_shape, sq, sk, causal):
+    q, k, v = qkv(sq=sq, sk=sk, seed=7)
+    slopes = np.abs(rand(slopes_shape, 8))
+    out, lse = flash_attn_func(q, k, v, causal=causal, alibi_slopes=slopes, return_lse=True)
+    want, want_lse, _ = oracle(q, k, v, window=(-1, 0) if causal else (-1, -1), alibi=slopes)
+    np.testing.assert_allclose(out, want, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+
+
+@pytest.mark.parametrize("bias_shape", [(5,), (4, 1), (1, 4, 4, 5), (2, 1, 1, 5), (4, 1, 1)])
+def test_bias_broadcasting(bias_shape):
+    q, k, v = qkv(sq=4, sk=5, seed=9)
+    bias = rand(bias_shape, 10)
+    out, lse = flash_attn_func(q, k, v, bias=bias, return_lse=True)
+    want, want_lse, _ = oracle(q, k, v, bias=bias)
+    np.testing.assert_allclose(out, want, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+
+
+def test_minus_inf_bias_masks_like_a_window():
+    q, k, v = qkv(sq=5, sk=5, seed=11)
+    i, j = np.arange(5)[:, None], np.arange(5)[None, :]
+    bias = np.where(j <= i, 0.0, -np.inf).astype(np.float32)
+    np.testing.assert_allclose(flash_attn_func(q, k, v, bias=bias), flash_attn_func(q, k, v, causal=True),
+                               **F32_TOL)
+
+
+@pytest.mark.parametrize("dtype,atol", [(jnp.bfloat16, 2e-2), (jnp.float16, 2e-3)])
+def test_half_precision(dtype, atol):
+    q, k, v = (jnp.asarray(x, dtype) for x in qkv(sq=8, sk=8, hq=4, hk=2, dim=16, seed=12))
+    bias = jnp.asarray(rand((4, 8, 8), 13), dtype)
+    out, lse = flash_attn_func(q, k, v, causal=True, bias=bias, return_lse=True)
+    assert out.dtype == dtype and lse.dtype == jnp.float32
+    want, want_lse, _ = oracle(*(np.asarray(x, np.float64) for x in (q, k, v)), window=(-1, 0),
+                               bias=np.asarray(bias, np.float64))
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=atol, rtol=atol)
+    # lse is float32 math on the same rounded inputs: close to float32 precision.
+    assert_lse_close(lse, want_lse, rtol=1e-4, atol=1e-4)
+
+
+# --- dropout ---------------------------------------------------------------------------------------------
+
+
+def dropped_weights(key, p, *, batch=2, sq=6, sk=7, hq=4, hk=2, causal=False):
+    """The attention weights after dropout, read out through a one-hot v (out[b, i, h, :] = weights[b, h, i])."""
+    q, k, _ = qkv(batch=batch, sq=sq, sk=sk, hq=hq, hk=hk, seed=20)
+    v = np.broadcast_to(np.eye(sk, dtype=np.float32)[None, :, None, :], (batch, sk, hk, sk))
+    out = flash_attn_func(q, k, v, dropout_p=p, dropout_key=key, causal=causal)
+    _, _, probs = oracle(q, k, v, window=(-1, 0) if causal else (-1, -1))
+    return np.asarray(out, np.float64).transpose(0, 2, 1, 3), probs
+
+
+def test_dropout_structure_matches_definition():
+    p = 0.3
+    weights, probs = dropped_weights(jax.random.key(1), p, sq=16, sk=16)
+    support = probs > 0
+    kept = weights != 0
+    assert not (kept & ~support).any()
+    # Every weight is dropped (0) or kept and scaled by 1/(1-p).
+    np.testing.assert_allclose(weights[kept], probs[kept] / (1 - p), rtol=1e-5, atol=1e-7)
+    assert abs(kept[support].mean() - (1 - p)) < 0.05
+
+
+def test_dropout_is_reproducible_and_key_dependent():
+    key = jax.random.key(7)
+    first, _ = dropped_weights(key, 0.5)
+    again, _ = dropped_weights(key, 0.5)
+    other, _ = dropped_weights(jax.random.key(8), 0.5)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first != 0, other != 0)
+
+
+def test_raw_uint32_key_equals_typed_threefry_key():
+    typed, _ = dropped_weights(jax.random.key(3), 0.4)
+    raw, _ = dropped_weights(jax.random.PRNGKey(3), 0.4)
+    np.testing.assert_array_equal(typed, raw)
+
+
+def test_dropout_zero_equals_no_dropout():
+    q, k, v = qkv(seed=21)
+    np.testing.assert_array_equal(flash_attn_func(q, k, v, dropout_p=0.0, dropout_key=jax.random.key(0)),
+                                  flash_attn_func(q, k, v))
+
+
+def test_dropout_keeps_lse_and_expectation():
+    q, k, v = qkv(sq=4, sk=6, seed=22)
+    p = 0.25
+    keys = jax.random.split(jax.random.key(0), 512)
+    outs, lses = jax.vmap(lambda key: flash_attn_func(q, k, v, dropout_p=p, dropout_key=key,
+                                                      return_lse=True))(keys)
+    want, want_lse, _ = oracle(q, k, v)
+    # lse is that of the undropped softmax, whatever the key.
+    np.testing.assert_allclose(lses, np.broadcast_to(want_lse, lses.shape), **F32_TOL)
+    # Inverted dropout is unbiased: the mean over keys approaches the undropped output.
+    spread = np.asarray(outs).std(axis=0) / np.sqrt(len(keys))
+    assert (np.abs(np.asarray(outs).mean(axis=0) - want) <= 5 * spread + 1e-6).all()
+
+
+# --- varlen ----------------------------------------------------------------------------------------------
+
+# Sequence 1 is empty on the q side, sequence 3 on the k side; q has one token past the last offset.
+CU_Q = np.array([0, 3, 3, 8, 10], np.int32)
+CU_K = np.array([0, 4, 6, 8, 8], np.int32)
+
+
+def varlen_inputs(hq=4, hk=2, dim=8, dv=8, seed=30):
+    return (rand((11, hq, dim), seed), rand((8, hk, dim), seed + 1), rand((8, hk, dv), seed + 2))
+
+
+@pytest.mark.parametrize("hq,hk,window", [(4, 2, (-1, -1)), (4, 2, (1, 1)), (4, 2, (2, 0)), (4, 4, (-1, 0)),
+                                          (4, 1, (-1, 0))])
+def test_varlen_matches_oracle(hq, hk, window):
+    q, k, v = varlen_inputs(hq, hk, dv=6)
+    out, lse = flash_attn_varlen(q, k, v, CU_Q, CU_K, 5, 4, window_size=window, return_lse=True)
+    want, want_lse = oracle_varlen(q, k, v, CU_Q, CU_K, window=window)
+    assert out.shape == (11, hq, 6) and lse.shape == (hq, 11)
+    np.testing.assert_allclose(out, want, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+    # The token past cu_seqlens_q[-1] belongs to no sequence.
+    np.testing.assert_array_equal(out[10], 0.0)
+
+
+@pytest.mark.slow
+@settings(max_examples=25, deadline=None)
+@given(lengths=st.lists(st.tuples(st.integers(0, 6), st.integers(0, 6)), min_size=1, max_size=4),
+       heads=st.sampled_from([(2, 2), (4, 1), (4, 2)]),
+       window=st.tuples(st.integers(-1, 3), st.integers(-1, 3)),
+       seed=st.integers(0, 2**16))
+def test_varlen_random_packings_match_oracle(lengths, heads, window, seed):
+    cu_q = np.concatenate([[0], np.cumsum([a for a, _ in lengths])]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum([b for _, b in lengths])]).astype(np.int32)
+    hq, hk = heads
+    q, k, v = rand((cu_q[-1], hq, 8), seed), rand((cu_k[-1], hk, 8), seed + 1), rand((cu_k[-1], hk, 8), seed + 2)
+    out, lse = flash_attn_varlen(q, k, v, cu_q, cu_k, 6, 6, window_size=window, return_lse=True)
+    want, want_lse = oracle_varlen(q, k, v, cu_q, cu_k, window=window)
+    np.testing.assert_allclose(out, want, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+
+
+def test_varlen_equals_per_sequence_calls():
+    q, k, v = varlen_inputs()
+    slopes = np.abs(rand((4, 4), 31))
+    out, lse = flash_attn_varlen(q, k, v, CU_Q, CU_K, 5, 4, causal=True, alibi_slopes=slopes, return_lse=True)
+    for b in range(4):
+        sq, sk = slice(CU_Q[b], CU_Q[b + 1]), slice(CU_K[b], CU_K[b + 1])
+        if sq.stop == sq.start:
+            continue
+        one, one_lse = flash_attn_func(q[None, sq], k[None, sk], v[None, sk], causal=True,
+                                       alibi_slopes=slopes[b:b + 1], return_lse=True)
+        np.testing.assert_allclose(out[sq], one[0], rtol=1e-6, atol=1e-6)
+        assert_lse_close(lse[:, sq], np.asarray(one_lse[0], np.float64), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bias_shape", [(11, 8), (4, 1, 8), (4, 11, 8)])
+def test_varlen_bias_in_packed_coordinates(bias_shape):
+    q, k, v = varlen_inputs()
+    bias = rand(bias_shape, 32)
+    out, lse = flash_attn_varlen(q, k, v, CU_Q, CU_K, 5, 4, bias=bias, return_lse=True)
+    want, want_lse = oracle_varlen(q, k, v, CU_Q, CU_K, bias=bias)
+    np.testing.assert_allclose(out, want, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+
+
+def test_varlen_dropout_reproducible():
+    q, k, v = varlen_inputs()
+    run = functools.partial(flash_attn_varlen, q, k, v, CU_Q, CU_K, 5, 4, dropout_p=0.5)
+    first = run(dropout_key=jax.random.key(1))
+    np.testing.assert_array_equal(first, run(dropout_key=jax.random.key(1)))
+    assert not np.array_equal(first, run(dropout_key=jax.random.key(2)))
+
+
+def test_varlen_jit_with_traced_offsets():
+    q, k, v = varlen_inputs()
+    fn = jax.jit(lambda q, k, v, cu_q, cu_k: flash_attn_varlen(q, k, v, cu_q, cu_k, 5, 4, causal=True))
+    want, _ = oracle_varlen(q, k, v, CU_Q, CU_K, window=(-1, 0))
+    np.testing.assert_allclose(fn(q, k, v, jnp.asarray(CU_Q), jnp.asarray(CU_K)), want, **F32_TOL)
+
+
+def test_varlen_vmap():
+    batch = [varlen_inputs(seed=s) for s in (40, 43)]
+    stacked = [np.stack(parts) for parts in zip(*batch)]
+    outs = jax.vmap(lambda q, k, v: flash_attn_varlen(q, k, v, CU_Q, CU_K, 5, 4, causal=True))(*stacked)
+    for out, (q, k, v) in zip(outs, batch):
+        np.testing.assert_allclose(out, oracle_varlen(q, k, v, CU_Q, CU_K, window=(-1, 0))[0], **F32_TOL)
+
+
+# --- gradients -------------------------------------------------------------------------------------------
+
+GRAD_TOL = dict(rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("hq,hk,with_lse", [(4, 4, False), (4, 1, True), (4, 2, True)])
+def test_gradients_match_oracle(hq, hk, with_lse):
+    # Sq > Sk and causal: some rows are fully masked and must get zero gradient (not NaN).
+    q, k, v = qkv(sq=7, sk=5, hq=hq, hk=hk, dv=6, seed=50)
+    bias = rand((hq, 1, 5), 51)
+    dout = rand((2, 7, hq, 6), 52)
+    dlse = rand((2, hq, 7), 53)
+    slopes = np.abs(rand((hq,), 54))
+
+    def loss(q, k, v, bias):
+        out, lse = flash_attn_func(q, k, v, causal=True, bias=bias, alibi_slopes=slopes, return_lse=True)
+        total = jnp.sum(out * dout)
+        if with_lse:
+            total += jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0.0) * dlse)
+        return total
+
+    grads = jax.grad(loss, argnums=(0, 1, 2, 3))(q, k, v, bias)
+    _, _, probs = oracle(q, k, v, window=(-1, 0), bias=bias, alibi=slopes)
+    dq, dk, dv, dlogits = oracle_grads(q, k, v, dout, probs, dlse=dlse if with_lse else None)
+    for got, want in zip(grads, (dq, dk, dv, reduce_to(dlogits, bias.shape))):
+        assert np.isfinite(np.asarray(got)).all()
+        np.testing.assert_allclose(got, want, **GRAD_TOL)
+
+
+@pytest.mark.parametrize("bias_shape", [(2, 4, 4, 6), (4, 6), ()])
+def test_bias_gradient_reduces_to_bias_shape(bias_shape):
+    q, k, v = qkv(sq=4, sk=6, seed=55)
+    bias = rand(bias_shape, 56)
+    dout = rand((2, 4, 4, 8), 57)
+    dbias = jax.grad(lambda b: jnp.sum(flash_attn_func(q, k, v, bias=b) * dout))(bias)
+    _, _, probs = oracle(q, k, v, bias=bias)
+    assert dbias.shape == bias_shape
+    np.testing.assert_allclose(dbias, reduce_to(oracle_grads(q, k, v, dout, probs)[3], bias_shape), **GRAD_TOL)
+
+
+def test_dropout_gradients_match_oracle_with_the_same_mask():
+    p, key = 0.3, jax.random.key(11)
+    weights, _ = dropped_weights(key, p, causal=True)
+    keep = (weights != 0).astype(np.float64)
+    q, k, _ = qkv(sq=6, sk=7, seed=20)
+    v = rand((2, 7, 2, 7), 60)  # the one-hot readout's shapes, so the same key draws the same mask
+    dout = rand((2, 6, 4, 7), 61)
+    grads = jax.grad(lambda q, k, v: jnp.sum(flash_attn_func(q, k, v, dropout_p=p, dropout_key=key, causal=True)
+                                             * dout), argnums=(0, 1, 2))(q, k, v)
+    _, _, probs = oracle(q, k, v, window=(-1, 0))
+    want = oracle_grads(q, k, v, dout, probs, keep=keep, dropout_p=p)[:3]
+    for got, expected in zip(grads, want):
+        np.testing.assert_allclose(got, expected, **GRAD_TOL)
+
+
+def test_varlen_gradients_match_oracle():
+    q, k, v = varlen_inputs(seed=62)
+    dout = rand((11, 4, 8), 63)
+    grads = jax.grad(lambda q, k, v: jnp.sum(flash_attn_varlen(q, k, v, CU_Q, CU_K, 5, 4, causal=True) * dout),
+                     argnums=(0, 1, 2))(q, k, v)
+    want = [np.zeros(x.shape) for x in (q, k, v)]
+    for b in range(4):
+        sq, sk = slice(CU_Q[b], CU_Q[b + 1]), slice(CU_K[b], CU_K[b + 1])
+        if sq.stop == sq.start:
+            continue
+        _, _, probs = oracle(q[None, sq], k[None, sk], v[None, sk], window=(-1, 0))
+        dq, dk, dv, _ = oracle_grads(q[None, sq], k[None, sk], v[None, sk], dout[None, sq], probs)
+        want[0][sq], want[1][sk], want[2][sk] = dq[0], dk[0], dv[0]
+    for got, expected in zip(grads, want):
+        np.testing.assert_allclose(got, expected, **GRAD_TOL)
+
+
+def test_alibi_slopes_get_no_gradient():
+    q, k, v = qkv(seed=64)
+    slopes = np.abs(rand((4,), 65))
+    dslopes = jax.grad(lambda s: jnp.sum(flash_attn_func(q, k, v, alibi_slopes=s)))(slopes)
+    np.testing.assert_array_equal(dslopes, 0.0)
+
+
+# --- transformations -------------------------------------------------------------------------------------
+
+
+def test_jit_matches_eager():
+    q, k, v = qkv(sq=5, sk=7, seed=70)
+    bias = rand((4, 5, 7), 71)
+    fn = functools.partial(flash_attn_func, causal=True, return_lse=True)
+    eager = fn(q, k, v, bias=bias)
+    jitted = jax.jit(lambda q, k, v, b: fn(q, k, v, bias=b))(q, k, v, bias)
+    for a, b in zip(eager, jitted):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_vmap_over_an_extra_axis():
+    inputs = [qkv(sq=5, sk=6, seed=s) for s in (72, 75, 78)]
+    stacked = [np.stack(parts) for parts in zip(*inputs)]
+    outs = jax.vmap(lambda q, k, v: flash_attn_func(q, k, v, causal=True))(*stacked)
+    for out, (q, k, v) in zip(outs, inputs):
+        np.testing.assert_allclose(out, oracle(q, k, v, window=(-1, 0))[0], **F32_TOL)
+
+
+def test_grad_of_jit_of_vmap():
+    inputs = [qkv(sq=4, sk=4, hq=2, hk=1, seed=s) for s in (80, 83)]
+    q, k, v = (np.stack(parts) for parts in zip(*inputs))
+    fn = jax.jit(jax.grad(lambda q: jnp.sum(jax.vmap(lambda q, k, v: flash_attn_func(q, k, v, causal=True))(
+        q, k, v) ** 2)))
+    got = fn(q)
+    for n, (qi, ki, vi) in enumerate(inputs):
+        out, _, probs = oracle(qi, ki, vi, window=(-1, 0))
+        np.testing.assert_allclose(got[n], oracle_grads(qi, ki, vi, 2 * out, probs)[0], **GRAD_TOL)
+
+
+# --- bad input -------------------------------------------------------------------------------------------
+
+Q, K, V = qkv(batch=1, sq=4, sk=4, hq=4, hk=2)
+QV, KV, VV = varlen_inputs()
+GOOD_CU = np.array([0, 3, 3, 8, 10], np.int32)
+
+
+def dense(**kw):
+    args = {"q": Q, "k": K, "v": V, **kw}
+    return lambda: flash_attn_func(**args)
+
+
+def varlen(**kw):
+    args = {"q": QV, "k": KV, "v": VV, "cu_seqlens_q": GOOD_CU, "cu_seqlens_k": CU_K, "max_seqlen_q": 5,
+            "max_seqlen_k": 4, **kw}
+    return lambda: flash_attn_varlen(**args)
+
+
+def traced(fn_of_value, value):
+    """Call with ``value`` traced under jit, so the check sees a tracer."""
+    return lambda: jax.jit(fn_of_value)(value)
+
+
+BAD_INPUTS = [
+    ("q rank", dense(q=Q[0]), ValueError, "q must have rank 4"),
+    ("k rank", dense(k=K[0]), ValueError, "k must have rank 4"),
+    ("q not an array", dense(q=Q.tolist()), TypeError, "q must be an array"),
+    ("q int dtype", dense(q=Q.astype(np.int32)), TypeError, "q must have dtype"),
+    ("v dtype differs", dense(v=V.astype(np.float16)), TypeError, "v must have the dtype of q"),
+    ("batch mismatch", dense(k=np.concatenate([K, K]), v=np.concatenate([V, V])), ValueError, "k must have q's batch"),
+    ("v length", dense(v=V[:, :3]), ValueError, "v must have k's leading"),
+    ("v heads", dense(v=V[:, :, :1]), ValueError, "v must have k's number of heads"),
+    ("head dim", dense(k=K[..., :4]), ValueError, "k must have q's head dimension"),
+    ("Hq % Hk", dense(k=rand((1, 4, 3, 8), 0), v=rand((1, 4, 3, 8), 0)), ValueError, "multiple of k's"),
+    ("window too small", dense(window_size=(-2, 0)), ValueError, "window_size must be >= -1"),
+    ("window not a pair", dense(window_size=(1,)), ValueError, "window_size must be a pair"),
+    ("window float", dense(window_size=(1.5, 0)), TypeError, "window_size must be a static Python int"),
+    ("causal and right window", dense(causal=True, window_size=(-1, 2)), ValueError, "causal=True"),
+    ("causal not bool", dense(causal=1), TypeError, "causal must be a Python bool"),
+    ("return_lse traced", traced(lambda f: flash_attn_func(Q, K, V, return_lse=f), True), TypeError, "return_lse"),
+    ("deterministic not bool", dense(deterministic="yes"), TypeError, "deterministic must be a Python bool"),
+    ("dropout_p >= 1", dense(dropout_p=1.0, dropout_key=jax.random.key(0)), ValueError, r"dropout_p must be in"),
+    ("dropout_p < 0", dense(dropout_p=-0.1), ValueError, r"dropout_p must be in"),
+    ("dropout_p traced", traced(lambda p: flash_attn_func(Q, K, V, dropout_p=p), 0.1), TypeError, "dropout_p"),
+    ("dropout without key", dense(dropout_p=0.1), ValueError, "dropout_key is required"),
+    ("dropout key dtype", dense(dropout_p=0.1, dropout_key=np.zeros(2, np.float32)), TypeError, "dropout_key"),
+    ("dropout key batch", dense(dropout_p=0.1, dropout_key=jax.random.split(jax.random.key(0))), ValueError,
+     "dropout_key must be a single key"),
+    ("softmax_scale negative", dense(softmax_scale=-1.0), ValueError, "softmax_scale"),
+    ("softmax_scale array", dense(softmax_scale=np.ones(2)), TypeError, "softmax_scale"),
+    ("bias shape", dense(bias=rand((4, 3), 0)), ValueError, "bias of shape"),
+    ("bias rank 5", dense(bias=rand((1, 1, 4, 4, 4), 0)), ValueError, "bias of shape"),
+    ("bias dtype", dense(bias=np.zeros((4, 4), np.int32)), TypeError, "bias must have dtype"),
+    ("alibi shape", dense(alibi_slopes=np.ones(3, np.float32)), ValueError, "alibi_slopes must have shape"),
+    ("alibi dtype", dense(alibi_slopes=np.ones(4, np.float16)), TypeError, "alibi_slopes must have dtype"),
+    ("varlen q rank", varlen(q=QV[None]), ValueError, "q must have rank 3"),
+    ("varlen token mismatch", varlen(v=VV[:7]), ValueError, "v must have k's leading"),
+    ("cu dtype", varlen(cu_seqlens_q=GOOD_CU.astype(np.int64)), TypeError, "cu_seqlens_q must have dtype"),
+    ("cu rank", varlen(cu_seqlens_k=CU_K[None]), ValueError, "cu_seqlens_k must have rank 1"),
+    ("cu too short", varlen(cu_seqlens_q=GOOD_CU[:1], cu_seqlens_k=CU_K[:1]), ValueError, "B\\+1 >= 2"),
+    ("cu lengths differ", varlen(cu_seqlens_k=CU_K[:4]), ValueError, "cu_seqlens_k must have cu_seqlens_q's shape"),
+    ("cu unsorted", varlen(cu_seqlens_q=np.array([0, 3, 2, 8, 10], np.int32)), ValueError, "sorted"),
+    ("cu not from 0", varlen(cu_seqlens_k=np.array([1, 4, 6, 8, 8], np.int32)), ValueError, "must start at 0"),
+    ("cu past tokens", varlen(cu_seqlens_k=np.array([0, 4, 6, 8, 9], np.int32)), ValueError, "past the 8"),
+    ("max_seqlen too small", varlen(max_seqlen_q=4), ValueError, "max_seqlen_q=4 is shorter"),
+    ("max_seqlen negative", varlen(max_seqlen_k=-1), ValueError, "max_seqlen_k must be >= 0"),
+    ("max_seqlen float", varlen(max_seqlen_k=4.0), TypeError, "max_seqlen_k must be a static Python int"),
+    ("max_seqlen traced", traced(lambda m: flash_attn_varlen(QV, KV, VV, GOOD_CU, CU_K, m, 4), 5), TypeError,
+     "max_seqlen_q must be a static Python int"),
+    ("varlen bias shape", varlen(bias=rand((4, 11, 7), 0)), ValueError, r"\[Hq, Tq, Tk\]"),
+    ("varlen alibi shape", varlen(alibi_slopes=np.ones((5, 4), np.float32)), ValueError, "alibi_slopes"),
+    ("varlen Hq % Hk", varlen(k=rand((8, 3, 8), 0), v=rand((8, 3, 8), 0)), ValueError, "multiple of k's"),
+]
+
+
+@pytest.mark.parametrize("call,error,match", [pytest.param(*case[1:], id=case[0]) for case in BAD_INPUTS])
+def test_bad_input_raises_before_tracing(call, error, match, monkeypatch):
+    def no_dispatch(*args, **kwargs):
+        raise AssertionError("reached dispatch with a bad argument")
+
+    monkeypatch.setattr(_backend, "dispatch", no_dispatch)
+    with pytest.raises(error, match=match):
+        call()
+
+
+# --- backend selection -----------------------------------------------------------------------------------
+
+
+def test_reference_serves_cpu_and_rocm():
+    operands, params = attention.flash_attn_call(Q, K, V, dropout_p=0.0, softmax_scale=None, causal=True,
+                                                 window_size=(-1, -1), bias=None, alibi_slopes=None,
+                                                 deterministic=True, return_lse=False, dropout_key=None)
+    for platform in ("cpu", "rocm"):
+        assert _backend.select(FLASH_ATTN, platform, operands, params).name == "xla"
+    assert {"cudnn", "xla"} <= {i.name for i in _backend.implementations(FLASH_ATTN_VARLEN)}
+
+
+def test_forced_xla_backend_runs():
+    q, k, v = qkv(seed=90)
+    with use_backend(flash_attn="xla"):
+        out = flash_attn_func(q, k, v, causal=True)
+    np.testing.assert_allclose(out, oracle(q, k, v, window=(-1, 0))[0], **F32_TOL)
+
+
+@pytest.fixture
+def cudnn_present(monkeypatch):
+    """Pretend cuDNN is traceable on a Hopper GPU, to test the supports checks anywhere."""
+    monkeypatch.setattr(_cudnn, "_availability_problem", lambda: None)
+    monkeypatch.setattr(_cudnn, "_max_head_dim", lambda: 256)
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+
+
+def cudnn_reason(q_shape=(2, 8, 4, 64), k_shape=(2, 8, 2, 64), dtype=jnp.bfloat16, **kw):
+    q = jnp.zeros(q_shape, dtype)
+    kv = jnp.zeros(k_shape, dtype)
+    options = dict(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), bias=None,
+                   alibi_slopes=None, deterministic=False, return_lse=False, dropout_key=None)
+    operands, params = attention.flash_attn_call(q, kv, kv, **{**options, **kw})
+    return _cudnn.supports_flash_attn(*operands, **params)
+
+
+@pytest.mark.parametrize("kw,fragment", [
+    ({}, None),
+    ({"causal": True}, None),
+    ({"causal": True, "window_size": (16, -1)}, None),
+    ({"bias": jnp.zeros((4, 8, 8), jnp.bfloat16)}, None),
+    ({"dtype": jnp.float32}, "bfloat16/float16"),
+    ({"q_shape": (2, 8, 4, 60), "k_shape": (2, 8, 2, 60)}, "multiple of 8"),
+    ({"q_shape": (2, 8, 4, 288), "k_shape": (2, 8, 2, 288)}, "<= 256"),
+    ({"alibi_slopes": jnp.zeros((4,), jnp.float32)}, "ALiBi"),
+    ({"dropout_p": 0.1, "dropout_key": jax.random.key(0)}, "dropout"),
+    ({"return_lse": True}, "lse"),
+    ({"deterministic": True}, "deterministic"),
+    ({"causal": True, "k_shape": (2, 10, 2, 64)}, "Sq != Sk"),
+    ({"window_size": (2, 2)}, "right window"),
+    ({"window_size": (2, -1)}, "left-only"),
+    ({"bias": jnp.zeros((8, 8), jnp.float32)}, "bias in q's dtype"),
+    ({"bias": jnp.zeros((2, 1, 8, 8), jnp.bfloat16)}, "batch dimension"),
+    ({"bias": jnp.zeros((7, 7), jnp.bfloat16), "q_shape": (2, 7, 4, 64), "k_shape": (2, 7, 2, 64)},
+     "even"),
+])
+def test_cudnn_supports(cudnn_present, kw, fragment):
+    reason = cudnn_reason(**kw)
+    if fragment is None:
+        assert reason is None
+    else:
+        assert fragment in reason
+
+
+def test_cudnn_deterministic_with_xla_determinism_flag(cudnn_present, monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8 "
+                                    "--xla_gpu_exclude_nondeterministic_ops=true")
+    assert cudnn_reason(deterministic=True) is None
+
+
+def test_cudnn_varlen_supports(cudnn_present):
+    q = jnp.zeros((32, 4, 64), jnp.bfloat16)
+    kv = jnp.zeros((32, 2, 64), jnp.bfloat16)
+    cu, other = (jnp.asarray([0, 16, 32], jnp.int32) for _ in range(2))
+    options = dict(dropout_p=0.0, softmax_scale=None, window_size=(-1, -1), bias=None, alibi_slopes=None,
+                   deterministic=False, return_lse=False, dropout_key=None)
+
+    def reason(cu_k, causal, **kw):
+        operands, params = attention.flash_attn_varlen_call(q, kv, kv, cu, cu_k, 16, 16, causal=causal,
+                                                            **{**options, **kw})
+        return _cudnn.supports_flash_attn_varlen(*operands, **params)
+
+    assert reason(other, False) is None
+    assert reason(cu, True) is None
+    assert "cu_seqlens_k to be cu_seqlens_q" in reason(other, True)
+    assert "full or causal" in reason(cu, True, window_size=(4, -1))
+    assert "packed coordinates" in reason(other, False, bias=jnp.zeros((32, 32), jnp.bfloat16))
+
+
+def test_cudnn_unavailable_here_is_reported():
+    if "cuda" in _backend.present_platforms():
+        pytest.skip("cuDNN is available on this machine")
+    assert "unavailable" in cudnn_reason()
+    with use_backend(flash_attn="cudnn"), pytest.raises(ValueError, match="forced implementation 'cudnn'"):
+        flash_attn_func(*qkv(), deterministic=False)
+
+
+@pytest.fixture
+def cudnn_emulated_by_jax_xla(monkeypatch):
+    """Route the cuDNN adapter's jax.nn call to jax.nn's own xla path, which has cuDNN's mask semantics
+    (top-left causal, padding by sequence lengths), so the adapter's padding and mask mapping run on a CPU."""
+    real = jax.nn.dot_product_attention
+
+    def emulated(*args, implementation, **kwargs):
+        assert implementation == "cudnn"
+        return real(*args, implementation="xla", **kwargs)
+
+    monkeypatch.setattr(jax.nn, "dot_product_attention", emulated)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (2, 0)])
+def test_cudnn_adapter_semantics(cudnn_emulated_by_jax_xla, window):
+    q, k, v = qkv(sq=6, sk=6, seed=95)
+    bias = rand((6, 6), 96)
+    operands, params = attention.flash_attn_call(q, k, v, dropout_p=0.0, softmax_scale=0.3, causal=False,
+                                                 window_size=window, bias=bias, alibi_slopes=None,
+                                                 deterministic=False, return_lse=False, dropout_key=None)
+    assert_adapter_matches_reference(_cudnn.flash_attn, attention._xla_flash_attn, operands, params, n_grads=4)
+
+
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0)])
+def test_cudnn_varlen_adapter_semantics(cudnn_emulated_by_jax_xla, window):
+    cu = np.array([0, 3, 3, 8, 10], np.int32)
+    q, k, v = rand((11, 4, 8), 97), rand((11, 2, 8), 98), rand((11, 2, 8), 99)
+    # The full-attention offsets include a sequence with queries but no keys.
+    cu_k = cu if window != (-1, -1) else np.array([0, 4, 4, 11, 11], np.int32)
+    operands, params = attention.flash_attn_varlen_call(
+        q, k, v, cu, cu_k, 7, 7, dropout_p=0.0, softmax_scale=None, causal=False, window_size=window, bias=None,
+        alibi_slopes=None, deterministic=False, return_lse=False, dropout_key=None)
+    np.testing.assert_allclose(_cudnn.flash_attn_varlen(*operands, **params),
+                               oracle_varlen(q, k, v, cu, cu_k, window=window)[0], **F32_TOL)
+    assert_adapter_matches_reference(_cudnn.flash_attn_varlen, attention._xla_flash_attn_varlen, operands, params,
+                                     n_grads=3)
+
+
+def assert_adapter_matches_reference(adapter, reference, operands, params, *, n_grads):
+    """Outputs and gradients (w.r.t. the first n_grads operands) of an adapter equal the reference's."""
+    dout = rand(reference(*operands, **params).shape, 200)
+
+    def value_and_grads(fn):
+        loss = lambda *xs: jnp.sum(fn(*xs, *operands[n_grads:], **params) * dout)
+        return jax.jit(jax.value_and_grad(loss, argnums=tuple(range(n_grads))))(*operands[:n_grads])
+
+    (got, got_grads), (want, want_grads) = value_and_grads(adapter), value_and_grads(reference)
+    np.testing.assert_allclose(got, want, **F32_TOL)
+    for g, w in zip(got_grads, want_grads):
+        assert np.isfinite(np.asarray(g)).all()
+        np.testing.assert_allclose(g, w, **GRAD_TOL)
+
+
+# --- GPU: cuDNN against the reference ----------------------------------------------------------------------
+
+CUDNN_CASES = [
+    pytest.param(dict(causal=True), id="causal"),
+    pytest.param(dict(), id="full"),
+    pytest.param(dict(causal=True, window_size=(16, -1)), id="causal-left16"),
+    pytest.param(dict(bias="seq"), id="bias[Sq,Sk]"),
+]
+
+
+def _cuda_or_skip():
+    if "cuda" not in _backend.present_platforms():
+        pytest.skip("cuDNN tests need an NVIDIA GPU")
+
+
+def _assert_close_bf16(got, want):
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    scale = max(1.0, float(np.abs(want).max()))
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-2 * scale)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CUDNN_CASES)
+def test_cudnn_matches_reference_on_cuda(case):
+    _cuda_or_skip()
+    case = dict(case)
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in qkv(batch=2, sq=128, sk=128, hq=8, hk=2, dim=64, seed=100))
+    bias = jnp.asarray(rand((128, 128), 101), jnp.bfloat16) if case.pop("bias", None) else None
+    options = {**dict(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), alibi_slopes=None,
+                      deterministic=False, return_lse=False, dropout_key=None), **case}
+    operands, params = attention.flash_attn_call(q, k, v, bias=bias, **options)
+    assert _backend.select(FLASH_ATTN, "cuda", operands, params).name == "cudnn"
+
+    def loss(q, k, v, bias):
+        out = flash_attn_func(q, k, v, bias=bias, **options)
+        return jnp.sum(out.astype(jnp.float32) ** 2), out
+
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3) if bias is not None else (0, 1, 2), has_aux=True))
+    assert "__cudnn$fmha" in fn.lower(q, k, v, bias).as_text()
+    (_, out), grads = fn(q, k, v, bias)
+    with use_backend(flash_attn="xla"):
+        (_, want_out), want_grads = jax.jit(jax.value_and_grad(
+            loss, argnums=(0, 1, 2, 3) if bias is not None else (0, 1, 2), has_aux=True))(q, k, v, bias)
+    _assert_close_bf16(out, want_out)
+    for got, want in zip(grads, want_grads):
+        _assert_close_bf16(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True])
+def test_cudnn_varlen_matches_reference_on_cuda(causal):
+    _cuda_or_skip()
+    cu_q = jnp.asarray([0, 40, 104, 128], jnp.int32)
+    cu_k = cu_q if causal else jnp.asarray([0, 64, 64, 100], jnp.int32)
+    q = jnp.asarray(rand((130, 8, 64), 110), jnp.bfloat16)
+    k, v = (jnp.asarray(rand((100 if not causal else 130, 2, 64), s), jnp.bfloat16) for s in (111, 112))
+    options = dict(dropout_p=0.0, softmax_scale=None, causal=causal, window_size=(-1, -1), bias=None,
+                   alibi_slopes=None, deterministic=False, return_lse=False, dropout_key=None)
+    operands, params = attention.flash_attn_varlen_call(q, k, v, cu_q, cu_k, 64, 64, **options)
+    assert _backend.select(FLASH_ATTN_VARLEN, "cuda", operands, params).name == "cudnn"
+
+    def loss(q, k, v):
+        out = flash_attn_varlen(q, k, v, cu_q, cu_k, 64, 64, **options)
+        return jnp.sum(out.astype(jnp.float32) ** 2), out
+
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
+    assert "__cudnn$fmha" in fn.lower(q, k, v).as_text()
+    (_, out), grads = fn(q, k, v)
+    with use_backend(flash_attn_varlen="xla"):
+        (_, want_out), want_grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)
+    _assert_close_bf16(out, want_out)
+    for got, want in zip(grads, want_grads):
+        _assert_close_bf16(got, want)
