@@ -1,16 +1,22 @@
 """BF16/FP16 GEMM in AITER's "tn" convention: ``gemm(a, b) = a[..., K] @ b[N, K]^T``, float32 accumulation,
 output in a's dtype.
 
-Implementations: ``xla`` (``jax_aiter.ref.gemm``: cuBLAS on NVIDIA, Eigen on the CPU, differentiated by JAX);
-the AITER ASM kernel on ROCm registers itself from ``jax_aiter.aiter``.
+Implementations: ``xla`` (``jax_aiter.ref.gemm``: cuBLAS on NVIDIA, Eigen on the CPU); the AITER ASM kernel on
+ROCm registers itself from ``jax_aiter.aiter``. The gradient GEMMs are XLA's on every backend (float32
+accumulation, rounded once), the formulas JAX's autodiff of the reference gives. Forward, dgrad and wgrad are
+custom-partitioned (``jax_aiter._partition``), because XLA cannot partition the opaque AITER kernel: the weight is
+gathered for the forward and dgrad, and wgrad is reduced over the token axes (docs/mxfp4.md, "Sharding").
+Differentiation is reverse-mode (``custom_vjp``), as it always was on ROCm.
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 from jax_aiter import _backend, _checks
+from jax_aiter._partition import LinearOp
 from jax_aiter.ref import gemm as ref
 
 __all__ = ["gemm"]
@@ -23,8 +29,49 @@ def gemm(a: jax.Array, b: jax.Array) -> jax.Array:
     b_shape = _checks.check_rank("b", b, 2)
     if b_shape[1] != a_shape[-1]:
         raise ValueError(f"b must be [N, K] with K = a's last dimension {a_shape[-1]}, got shape {b_shape}")
-    return _backend.dispatch("gemm", a, b)
+    return _gemm(a, b)
 
+
+def _fprop(_, split, a, b):
+    return (_backend.dispatch("gemm", a, split.gather(b, n=0, k=1)),)
+
+
+def _dgrad(_, split, g, b):
+    b = split.gather(b, n=0, k=1)
+    da = lax.dot_general(g.astype(jnp.float32), b, (((g.ndim - 1,), (0,)), ((), ())),
+                         preferred_element_type=jnp.float32)
+    return (da.astype(b.dtype),)
+
+
+def _wgrad(_, split, g, a, b):
+    # b contributes only its sharding, which is the one the weight gradient is reduced to.
+    del b
+    tokens = tuple(range(g.ndim - 1))
+    partial = lax.dot_general(g.astype(jnp.float32), a, ((tokens, tokens), ((), ())),
+                              preferred_element_type=jnp.float32)
+    return (split.reduce_over_tokens(partial, n=0, k=1).astype(a.dtype),)
+
+
+_FPROP = LinearOp(_fprop, operands=("... _", "n k"), results=("... _",))
+_DGRAD = LinearOp(_dgrad, operands=("... _", "n k"), results=("... _",))
+_WGRAD = LinearOp(_wgrad, operands=("... _", "... _", "n k"), results=("n k",))
+
+
+@jax.custom_vjp
+def _gemm(a, b):
+    return _FPROP(None, a, b)[0]
+
+
+def _fwd(a, b):
+    return _gemm(a, b), (a, b)
+
+
+def _bwd(residuals, g):
+    a, b = residuals
+    return _DGRAD(None, g, b)[0], _WGRAD(None, g, a, b)[0]
+
+
+_gemm.defvjp(_fwd, _bwd)
 
 _backend.define_op("gemm", example=lambda: ((jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16),
                                              jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)), {}))

@@ -4,6 +4,10 @@ Each tensor is cast once: x and W by a dual cast in the forward pass (the column
 for the backward pass, smaller than the bf16 tensors), g by a dual cast in the backward pass. Without
 differentiation only the rowwise copies of x and W are made. All GEMMs go through the public ``gemm_fp4`` and
 all casts through the public cast ops, so native kernels are picked up by backend dispatch.
+
+The forward and the backward pass are each one custom-partitioned op (``jax_aiter._partition``): under FSDP each
+device quantizes its own blocks at their global indices, gathers the weight's FP4 copies (never bf16, never
+shuffled) and reduces wgrad over the token axes (docs/mxfp4.md, "Sharding").
 """
 
 from __future__ import annotations
@@ -18,10 +22,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_aiter import _checks
+from jax_aiter._partition import LinearOp
 from jax_aiter.gemm_fp4 import _quantize
 from jax_aiter.gemm_fp4._gemm import gemm_fp4
+from jax_aiter.gemm_fp4._layout import shuffle_fp4, shuffle_scales
 from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
-from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer, Mxfp4Tensor
+from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer
 
 __all__ = ["gemm_fp4_bf16", "role_sr_key"]
 
@@ -52,24 +58,74 @@ def _token_matrix(t: jax.Array) -> tuple[jax.Array, int]:
     return (jnp.pad(matrix, ((0, padded - rows), (0, 0))) if padded != rows else matrix), rows
 
 
-def _quantize_role(t: jax.Array, role: str, recipe: Mxfp4Recipe, key_words: jax.Array, *, both: bool):
+def _cast(t: jax.Array, role: str, recipe: Mxfp4Recipe, key_words: jax.Array, *, rowwise: str,
+          columnwise: str | None, index_offset: jax.Array | None) -> tuple[tuple, tuple | None]:
+    """The role's copies of the 2-D ``t`` (a device's block of it, at ``index_offset``) with the layouts asked
+    for: ``((data, scales), (data, scales) or None)``, from one dual cast when both are wanted. Scale rule,
+    stochastic rounding and the Hadamard size of each copy come from the role's quantizer."""
     quantizer = MXFP4Quantizer.for_role(role, recipe)
-    if not both:
-        quantizer = dataclasses.replace(quantizer, columnwise_layout=None)
-    sr_key = role_sr_key(key_words, role) if recipe.stochastic(role) else None
-    return quantizer.quantize(t, sr_key=sr_key)
+    sizes = (quantizer.rowwise_hadamard, quantizer.columnwise_hadamard if columnwise else 0)
+    common = dict(scale_rule=quantizer.scale_rule, index_offset=index_offset,
+                  sr_key=role_sr_key(key_words, role) if recipe.stochastic(role) else None,
+                  hadamard_key=quantizer.hadamard_seed if any(sizes) else None)
+    if columnwise is None:
+        return _quantize.cast_mxfp4(t, hadamard=sizes[0], layout=rowwise, **common), None
+    return _quantize.cast_mxfp4_dual(t, hadamard_rowwise=sizes[0], hadamard_columnwise=sizes[1],
+                                     layout_rowwise=rowwise, layout_columnwise=columnwise, **common)
 
 
-def _gemm(a: Mxfp4Tensor, b: Mxfp4Tensor) -> jax.Array:
-    return gemm_fp4(a.data, b.data, a.scales, b.scales)
+def _as_gemm_b(data: jax.Array, scales: jax.Array) -> tuple[jax.Array, jax.Array]:
+    return shuffle_fp4(data), shuffle_scales(scales)
+
+
+def _fprop(static, split, x, w, key_words):
+    """y = x . w^T for one device's token rows, and (when differentiating) the columnwise copies of x and w as
+    residuals, in the plain layout: those stay split like x and w, so their values do not depend on the split.
+
+    A split weight is quantized shard by shard and its FP4 bytes and scales are gathered, then shuffled for
+    AITER: blocks run along K (and, for the residual, along N) and never straddle a shard."""
+    recipe, keep_residuals = static
+    residual = "plain" if keep_residuals else None
+    x_row, x_col = _cast(x, "activation", recipe, key_words, rowwise="gemm_a", columnwise=residual,
+                         index_offset=split.index_offset(rows=("m", x.shape[0])))
+    gathered = split.splits("n", "k")
+    w_row, w_col = _cast(w, "weight", recipe, key_words, rowwise="plain" if gathered else "gemm_b",
+                         columnwise=residual, index_offset=split.index_offset(("n", w.shape[0]), ("k", w.shape[1])))
+    if gathered:
+        w_row = _as_gemm_b(*(split.gather(t, n=0, k=1) for t in w_row))
+    y = gemm_fp4(x_row[0], w_row[0], x_row[1], w_row[1])
+    return (y, *x_col, *w_col) if keep_residuals else (y,)
+
+
+def _backward(recipe, split, g, x_col_data, x_col_scales, w_col_data, w_col_scales, key_words):
+    """dx = g . w for one device's token rows (w^T's copy gathered over the weight's shards), and dw = g^T . x
+    over this device's tokens, reduced over the token axes to the weight's split."""
+    g_row, g_col = _cast(g, "gradient", recipe, key_words, rowwise="gemm_a", columnwise="gemm_a",
+                         index_offset=split.index_offset(rows=("m", g.shape[0])))
+    w_col = _as_gemm_b(*(split.gather(t, k=0, n=1) for t in (w_col_data, w_col_scales)))
+    dx = gemm_fp4(g_row[0], w_col[0], g_row[1], w_col[1])
+    x_col = _as_gemm_b(x_col_data, x_col_scales)
+    dw = split.reduce_over_tokens(gemm_fp4(g_col[0], x_col[0], g_col[1], x_col[1]), n=0, k=1)
+    return dx, dw
+
+
+# Per shard, quantization blocks must be whole: 32 elements along K (rowwise copies of W), along N (W's
+# columnwise copy) and along the tokens (the columnwise copies of x and g); and wgrad's operands need whole
+# 64-token contractions (its shuffled B operand, x^T). Without differentiation only K matters.
+_FPROP = LinearOp(_fprop, operands=("m _", "n k", "_"), results=("m _",), multiples={"k": 32})
+_TRAINING = {"m": TOKEN_MULTIPLE, "n": 32, "k": 32}
+_FPROP_TRAIN = LinearOp(_fprop, operands=("m _", "n k", "_"), results=("m _", "_ m/2", "_ m/32", "k n/2", "k n/32"),
+                        multiples=_TRAINING)
+_BACKWARD = LinearOp(_backward, operands=("m _", "_ m/2", "_ m/32", "k n/2", "k n/32", "_"), results=("m _", "n k"),
+                     multiples=_TRAINING)
 
 
 def _forward(a, b, key_words, recipe, *, keep_residuals):
     x, rows = _token_matrix(a)
-    act = _quantize_role(x, "activation", recipe, key_words, both=keep_residuals)
-    weight = _quantize_role(b, "weight", recipe, key_words, both=keep_residuals)
-    y = _gemm(act.rowwise, weight.rowwise)[:rows].reshape(*a.shape[:-1], b.shape[0])
-    return y, (act.columnwise, weight.columnwise, key_words, _PrimalDtypes(a.dtype, b.dtype))
+    op = _FPROP_TRAIN if keep_residuals else _FPROP
+    y, *residuals = op((recipe, keep_residuals), x, b, key_words)
+    y = y[:rows].reshape(*a.shape[:-1], b.shape[0])
+    return y, (*residuals, key_words, _PrimalDtypes(a.dtype, b.dtype))
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
@@ -82,11 +138,10 @@ def _fwd(a, b, key_words, recipe):
 
 
 def _bwd(recipe, residuals, dy):
-    x_columnwise, w_columnwise, key_words, dtypes = residuals
+    *quantized, key_words, dtypes = residuals
     g, rows = _token_matrix(dy)
-    grad = _quantize_role(g, "gradient", recipe, key_words, both=True)
-    dx = _gemm(grad.rowwise, w_columnwise)[:rows].reshape(*dy.shape[:-1], w_columnwise.shape[-1])
-    dw = _gemm(grad.columnwise, x_columnwise)
+    dx, dw = _BACKWARD(recipe, g, *quantized, key_words)
+    dx = dx[:rows].reshape(*dy.shape[:-1], dx.shape[-1])
     return dx.astype(dtypes.a), dw.astype(dtypes.b), np.zeros(key_words.shape, jax.dtypes.float0)
 
 

@@ -1,0 +1,226 @@
+"""Sharded == unsharded for the custom-partitioned GEMMs (jax_aiter/_partition.py) on 8 virtual CPU devices:
+``gemm_fp4_bf16`` and ``gemm`` under FSDP layouts, forward and gradients, under ``jax.jit`` with NamedSharding
+in/out shardings, and the collectives in the compiled HLO (docs/mxfp4.md, "Sharding")."""
+
+import functools
+import math
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import _oracle
+from jax_aiter.gemm import gemm
+from jax_aiter.gemm_fp4 import Mxfp4Recipe, cast_mxfp4, dequantize_mxfp4, gemm_fp4_bf16
+from jax_aiter.gemm_fp4 import _linear
+from jax_aiter.gemm_fp4._linear import role_sr_key
+
+pytestmark = pytest.mark.multidevice
+
+# 8 blocks of 64 tokens and 8 blocks of 32 weight rows: the smallest shapes every layout below divides whole.
+M, N, K = 512, 256, 128
+# Stochastic rounding on every role and keyed Hadamard signs on every GEMM: each shard's bytes depend on the
+# global indices of its elements, so a wrong index_offset changes them.
+RECIPE = Mxfp4Recipe(activation_stochastic=True, weight_stochastic=True, gradient_stochastic=True,
+                     fprop_hadamard=32, dgrad_hadamard=16, wgrad_hadamard=16, hadamard_seed=0x1234_5678_9ABC)
+KEY = np.array([7, 11], np.uint32)
+
+# name: (mesh shape, mesh axes, sharding of the token axis, sharding of the weight [N, K])
+FP4_LAYOUTS = {
+    "fsdp8": ((8,), ("fsdp",), "fsdp", P("fsdp", None)),
+    "data4_x_fsdp2": ((4, 2), ("data", "fsdp"), ("data", "fsdp"), P("fsdp", None)),
+    "tokens_on_data_weight_k_on_fsdp": ((2, 4), ("data", "fsdp"), "data", P(None, "fsdp")),
+}
+
+
+def make_mesh(shape, names):
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+
+
+def random_bf16(seed, shape):
+    return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(jnp.bfloat16)
+
+
+def collectives(compiled) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
+    """(op, [(dtype, shape) of each result]) for every all-gather, reduce-scatter and all-reduce."""
+    found = []
+    for line in compiled.as_text().splitlines():
+        match = re.search(r"= (.+?) (all-gather|reduce-scatter|all-reduce)\(", line)
+        if match:
+            types = [(dtype, tuple(int(d) for d in dims.split(",") if d))
+                     for dtype, dims in re.findall(r"(\w+)\[([\d,]*)\]", match.group(1))]
+            found.append((match.group(2), types))
+    return found
+
+
+def assert_summation_order_close(got, want):
+    """Both are one rounding to bf16 of float32 sums of the same products in different orders: one bf16 unit
+    apart at most, plus float32 error where the sum cancels."""
+    want = _oracle.f64(want)
+    _oracle.assert_close(got, want, jnp.bfloat16, scale=2.0 ** -9 * float(np.max(np.abs(want))))
+
+
+def fp4_step(a, b, dy):
+    y, vjp = jax.vjp(lambda a, b: gemm_fp4_bf16(a, b, RECIPE, key=KEY), a, b)
+    return (y, *vjp(dy))
+
+
+@functools.cache
+def fp4_inputs(m=M, n=N):
+    return random_bf16(0, (8, m // 8, K)), random_bf16(1, (n, K)), random_bf16(2, (8, m // 8, n))
+
+
+@functools.cache
+def fp4_unsharded(m=M, n=N):
+    return jax.jit(fp4_step)(*fp4_inputs(m, n))
+
+
+def wgrad_operands(a, dy):
+    """The dequantized columnwise copies of g [N, M] and x [K, M] that wgrad multiplies, made by hand as the
+    recipe says (float64, Hadamard-rotated along M)."""
+    copies = []
+    for t, role in ((dy, "gradient"), (a, "activation")):
+        data, scales = cast_mxfp4(t.reshape(M, -1), columnwise=True, sr_key=role_sr_key(jnp.asarray(KEY), role),
+                                  hadamard=RECIPE.wgrad_hadamard, hadamard_key=RECIPE.hadamard_seed)
+        copies.append(_oracle.f64(dequantize_mxfp4(data, scales)))
+    return copies
+
+
+def spec_axes(*entries) -> tuple[str, ...]:
+    """The mesh axes named by PartitionSpec entries."""
+    return tuple(a for entry in entries if entry for a in ((entry,) if isinstance(entry, str) else entry))
+
+
+def blocks(mesh, *entries) -> int:
+    return math.prod(mesh.shape[a] for a in spec_axes(*entries))
+
+
+@pytest.mark.parametrize("layout", FP4_LAYOUTS)
+def test_fp4_training_step_sharded_equals_unsharded(layout):
+    shape, names, tokens, weight_spec = FP4_LAYOUTS[layout]
+    mesh = make_mesh(shape, names)
+    act, weight = NamedSharding(mesh, P(tokens, None, None)), NamedSharding(mesh, weight_spec)
+    a, b, dy = fp4_inputs()
+    step = jax.jit(fp4_step, in_shardings=(act, weight, act), out_shardings=(act, act, weight))
+    compiled = step.lower(a, b, dy).compile()
+    y, da, db = compiled(a, b, dy)
+    y0, da0, db0 = fp4_unsharded()
+    assert y.sharding == da.sharding == act and db.sharding == weight
+    # fprop and dgrad multiply the same quantized bytes over the whole contraction on every device.
+    assert_summation_order_close(y, y0)
+    assert_summation_order_close(da, da0)
+    # wgrad sums one bf16 partial product per token block (AITER's FP4 GEMM writes bf16), so it differs from the
+    # unsharded wgrad by the rounding of each partial, at most 2^-9 of its magnitude (bound: twice that), plus
+    # the final roundings.
+    g_cols, x_cols = (np.split(t, blocks(mesh, tokens), axis=1) for t in wgrad_operands(a, dy))
+    partials = sum(np.abs(g @ x.T) for g, x in zip(g_cols, x_cols))
+    bound = 2.0 ** -8 * (partials + np.abs(_oracle.f64(db0)))
+    assert np.all(np.abs(_oracle.f64(db) - _oracle.f64(db0)) <= bound)
+
+    ops = collectives(compiled)
+    gathers = [types for op, types in ops if op == "all-gather"]
+    # Only FP4 bytes and scales are gathered (fprop: W rowwise, dgrad: W columnwise), never the bf16 weight:
+    # 2 x (N*K/2 + N*K/32) bytes, 4.25 bits per weight element per GEMM.
+    assert gathers and all(dtype == "u8" for types in gathers for dtype, _ in types)
+    assert sum(math.prod(s) for types in gathers for _, s in types) == 2 * (N * K // 2 + N * K // 32)
+    # wgrad: float32 blocks of the weight's shard, reduce-scattered over the axes that split both tokens and
+    # the weight, all-reduced over the token axes that do not split the weight.
+    shard = N * K // blocks(mesh, *weight_spec)
+    reduced = {op for op, types in ops for dtype, s in types
+               if op in ("reduce-scatter", "all-reduce") and dtype == "f32" and math.prod(s) == shard}
+    token_axes, weight_axes = set(spec_axes(tokens)), set(spec_axes(*weight_spec))
+    assert ("reduce-scatter" in reduced) == bool(token_axes & weight_axes)
+    assert ("all-reduce" in reduced) == bool(token_axes - weight_axes)
+
+
+@pytest.mark.parametrize("layout", ["fsdp8", "tokens_on_data_weight_k_on_fsdp"])
+def test_fp4_quantized_copies_are_bit_identical(layout):
+    """The forward's outputs, including the columnwise copies of x and W kept for the backward pass, are the
+    same bytes whether each device quantizes its shard (at its global index_offset) or one device quantizes all."""
+    shape, names, tokens, weight_spec = FP4_LAYOUTS[layout]
+    mesh = make_mesh(shape, names)
+    a, b, _ = fp4_inputs()
+    x = a.reshape(M, K)
+
+    def fprop(x, b):
+        return _linear._FPROP_TRAIN((RECIPE, True), x, b, jnp.asarray(KEY))
+
+    sharded = jax.jit(fprop, in_shardings=(NamedSharding(mesh, P(tokens, None)), NamedSharding(mesh, weight_spec)))
+    got, want = sharded(x, b), jax.jit(fprop)(x, b)
+    assert [t.dtype for t in got[1:]] == [jnp.uint8] * 4
+    assert_summation_order_close(got[0], want[0])
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_array_equal(g, w)
+
+
+def test_fp4_inference_gathers_only_fp4_weight_bytes():
+    shape, names, tokens, weight_spec = FP4_LAYOUTS["fsdp8"]
+    mesh = make_mesh(shape, names)
+    act, weight = NamedSharding(mesh, P(tokens, None, None)), NamedSharding(mesh, weight_spec)
+    a, b, _ = fp4_inputs()
+
+    def forward(a, b):
+        return gemm_fp4_bf16(a, b, RECIPE, key=KEY)
+
+    compiled = jax.jit(forward, in_shardings=(act, weight), out_shardings=act).lower(a, b).compile()
+    assert_summation_order_close(compiled(a, b), fp4_unsharded()[0])
+    ops = collectives(compiled)
+    assert {op for op, _ in ops} == {"all-gather"}
+    assert sorted(s for _, types in ops for dtype, s in types if dtype == "u8") == [(N, K // 32), (N, K // 2)]
+
+
+def test_fp4_indivisible_shards_fall_back_to_gathering():
+    """24-row weight shards would split 32-element blocks along N, and 32-token blocks are too few for wgrad's
+    64-token operands: the weight (bf16) and the tokens are gathered and every device runs the whole layer."""
+    m, n = 256, 192
+    shape, names, tokens, weight_spec = FP4_LAYOUTS["fsdp8"]
+    mesh = make_mesh(shape, names)
+    act, weight = NamedSharding(mesh, P(tokens, None, None)), NamedSharding(mesh, weight_spec)
+    inputs = fp4_inputs(m, n)
+    step = jax.jit(fp4_step, in_shardings=(act, weight, act), out_shardings=(act, act, weight))
+    compiled = step.lower(*inputs).compile()
+    for got, want in zip(compiled(*inputs), fp4_unsharded(m, n)):
+        np.testing.assert_array_equal(got, want)
+    ops = collectives(compiled)
+    # XLA's CPU backend may convert the bf16 weight to float32 before gathering it.
+    assert any(op == "all-gather" and (n, K) in [s for d, s in types if d in ("bf16", "f32")] for op, types in ops)
+    assert "reduce-scatter" not in {op for op, _ in ops}
+
+
+# name: (mesh shape, mesh axes, sharding of a[B, S, K], sharding of the weight [N, K])
+GEMM_LAYOUTS = {
+    "fsdp8": ((8,), ("fsdp",), P("fsdp", None, None), P("fsdp", None)),
+    "data4_x_fsdp2": ((4, 2), ("data", "fsdp"), P(("data", "fsdp"), None, None), P("fsdp", None)),
+    "tokens_on_data_weight_on_fsdp": ((2, 4), ("data", "fsdp"), P("data", None, None), P("fsdp", None)),
+    "weight_over_both_axes_tokens_on_fsdp": ((2, 4), ("data", "fsdp"), P(None, "fsdp", None),
+                                             P(("data", "fsdp"), None)),
+    "weight_n_and_k_split": ((4, 2), ("data", "fsdp"), P("data", "fsdp", None), P("data", "fsdp")),
+}
+
+
+def gemm_step(a, b, dy):
+    y, vjp = jax.vjp(gemm, a, b)
+    return (y, *vjp(dy))
+
+
+@pytest.mark.parametrize("layout", GEMM_LAYOUTS)
+def test_gemm_sharded_equals_unsharded(layout):
+    shape, names, act_spec, weight_spec = GEMM_LAYOUTS[layout]
+    mesh = make_mesh(shape, names)
+    act, weight = NamedSharding(mesh, act_spec), NamedSharding(mesh, weight_spec)
+    a, b, dy = random_bf16(3, (8, 8, 64)), random_bf16(4, (64, 64)), random_bf16(5, (8, 8, 64))
+    compiled = jax.jit(gemm_step, in_shardings=(act, weight, act),
+                       out_shardings=(act, act, weight)).lower(a, b, dy).compile()
+    # wgrad's partial products are reduced in float32 and rounded once, like the unsharded GEMM.
+    for got, want in zip(compiled(a, b, dy), jax.jit(gemm_step)(a, b, dy)):
+        assert_summation_order_close(got, want)
+    ops = {op for op, _ in collectives(compiled)}
+    assert "all-gather" in ops
+    token_axes, weight_axes = set(spec_axes(*act_spec)), set(spec_axes(*weight_spec))
+    assert ("reduce-scatter" in ops) == bool(token_axes & weight_axes)
+    assert ("all-reduce" in ops) == bool(token_axes - weight_axes)
+
