@@ -38,6 +38,14 @@ from jax_aiter.mha import flash_attn_func, flash_attn_varlen  # noqa: E402
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _run_from_checkout(monkeypatch):
+    """The AITER build tool works on the source checkout it is started in, as scripts/build-aiter.sh does."""
+    monkeypatch.chdir(REPO)
+
+
 FIXTURES = REPO / "tests" / "fixtures" / "aiter"
 CXX = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 needs_cxx = pytest.mark.skipif(CXX is None, reason="needs a host C++ compiler")

@@ -36,7 +36,14 @@ from pathlib import Path
 
 from jax_aiter.aiter import manifest
 
-ROOT = Path(__file__).resolve().parents[2]
+
+def checkout_root() -> Path:
+    """The jax-aiter source checkout the build runs in (scripts/build-aiter.sh starts from its top directory).
+
+    Not derived from this file's location: an installed jax_aiter package lives outside any checkout."""
+    return Path.cwd()
+
+
 SUBMODULE = "third_party/aiter"
 # What defines a staged build besides AITER's commit and the architectures; editing any of these rebuilds.
 CONFIG_FILES = ("scripts/build-aiter.sh", "jax_aiter/aiter/build.py", "jax_aiter/aiter/manifest.py")
@@ -107,7 +114,7 @@ def pinned_commit() -> str | None:
     """The commit this project's index pins for the submodule (its gitlink); None without one (e.g. a source
     archive), in which case the checkout's own commit is recorded."""
     try:
-        line = _git(ROOT, "ls-files", "--stage", "--", SUBMODULE)
+        line = _git(checkout_root(), "ls-files", "--stage", "--", SUBMODULE)
     except BuildError:
         return None
     fields = line.split()
@@ -128,7 +135,7 @@ def aiter_commit(aiter: Path, pinned: str | None) -> str:
 
 def build_key(aiter: Path, archs: Sequence[str], pinned: str | None) -> manifest.BuildKey:
     return manifest.BuildKey(aiter_commit(aiter, pinned), tuple(archs),
-                             manifest.config_hash(ROOT, CONFIG_FILES, settings()))
+                             manifest.config_hash(checkout_root(), CONFIG_FILES, settings()))
 
 
 # --- interface checks ---------------------------------------------------------------------------------------
@@ -349,9 +356,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.envi
     parser = argparse.ArgumentParser(prog="python -m jax_aiter.aiter.build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("stage", "check"))
-    parser.add_argument("--aiter", type=Path, default=ROOT / SUBMODULE, help="the AITER checkout")
-    parser.add_argument("--stage", type=Path, default=ROOT / "build" / "aiter", help="the stage directory")
-    parser.add_argument("--jit-dir", type=Path, default=ROOT / "build" / "aiter-jit",
+    parser.add_argument("--aiter", type=Path, default=checkout_root() / SUBMODULE, help="the AITER checkout")
+    parser.add_argument("--stage", type=Path, default=checkout_root() / "build" / "aiter", help="the stage directory")
+    parser.add_argument("--jit-dir", type=Path, default=checkout_root() / "build" / "aiter-jit",
                         help="AITER's JIT workspace (AITER_JIT_DIR)")
     parser.add_argument("--archs", default=environ.get("GPU_ARCHS", "gfx942;gfx950"), help="GPU_ARCHS")
     parser.add_argument("--reuse-only", action="store_true", help="fail instead of building on a mismatch")
