@@ -11,6 +11,7 @@ Implementations: ``native`` (this project's kernels, forward and backward, when 
 from __future__ import annotations
 
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -61,9 +62,18 @@ def _add_forward_call(x, residual, gamma, epsilon):
         x, residual, gamma, epsilon=np.float32(epsilon))
 
 
+# The GPU backward sums dgamma per thread block into a [blocks, cols] float32 workspace, then across blocks:
+# at most this many blocks (one resident wave on an H200 or MI300), so the workspace stays a few percent of the
+# traffic. XLA allocates it as a third output; the CPU kernel does not use it.
+_DGAMMA_MAX_BLOCKS = 512
+
+
 def _backward_call(dy, x, gamma, inv_rms, d_sum):
-    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(gamma.shape, gamma.dtype))
-    return jax.ffi.ffi_call("ja_rms_norm_bwd", out, vmap_method="sequential")(dy, x, gamma, inv_rms, d_sum)
+    rows = math.prod(x.shape[:-1])
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(gamma.shape, gamma.dtype),
+           jax.ShapeDtypeStruct((min(rows, _DGAMMA_MAX_BLOCKS), x.shape[-1]), jnp.float32))
+    dx, dgamma, _ = jax.ffi.ffi_call("ja_rms_norm_bwd", out, vmap_method="sequential")(dy, x, gamma, inv_rms, d_sum)
+    return dx, dgamma
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))

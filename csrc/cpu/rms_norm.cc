@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "jax_aiter/element.h"
-#include "jax_aiter/ffi_util.h"
+#include "jax_aiter/op_checks.h"
 
 namespace jax_aiter {
 namespace {
@@ -62,92 +62,48 @@ void rms_norm_backward(const typename E::Storage* dy, const typename E::Storage*
   for (int64_t c = 0; c < cols; ++c) dgamma[c] = E::store(dgamma_acc[c]);
 }
 
-template <typename E>
-using Ptr = typename E::Storage*;
-
-ffi::Error check_norm_operands(const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma, RowView* view) {
-  auto rv = row_view(x, "x");
-  if (rv.has_error()) return rv.error();
-  *view = rv.value();
-  if (!is_float_activation(x.element_type()))
-    return ffi::Error::InvalidArgument(std::string("x must be bfloat16, float16 or float32, got ") +
-                                       dtype_name(x.element_type()));
-  if (auto err = same_dtype(x, gamma, "x", "gamma"); err.failure()) return err;
-  if (gamma.dimensions().size() != 1 || gamma.dimensions()[0] != view->cols)
-    return ffi::Error::InvalidArgument("gamma must be 1-D with x's last dimension");
-  return ffi::Error::Success();
-}
-
 ffi::Error RmsNormForward(ffi::AnyBuffer x, ffi::AnyBuffer gamma, float epsilon, ffi::Result<ffi::AnyBuffer> y,
                           ffi::Result<ffi::Buffer<ffi::F32>> inv_rms) {
-  RowView v;
-  if (auto err = check_norm_operands(x, gamma, &v); err.failure()) return err;
-  if (static_cast<int64_t>(inv_rms->element_count()) != v.rows)
-    return ffi::Error::InvalidArgument("inv_rms must hold one value per row");
-  switch (x.element_type()) {
-#define JA_CASE(DT, E)                                                                                      \
-  case ffi::DataType::DT:                                                                                   \
-    rms_norm_forward<E>(x.typed_data<E::Storage>(), nullptr, gamma.typed_data<E::Storage>(), epsilon, v.rows, \
-                        v.cols, y->typed_data<E::Storage>(), nullptr, inv_rms->typed_data());               \
-    break;
-    JA_CASE(BF16, Bf16) JA_CASE(F16, Fp16) JA_CASE(F32, Fp32)
-#undef JA_CASE
-    default: break;
-  }
-  return ffi::Error::Success();
+  auto v = check_rms_norm_forward(x, nullptr, gamma, *y, nullptr, *inv_rms);
+  if (v.has_error()) return v.error();
+  return visit_float_element(x.element_type(), "x", [&](auto e) {
+    using E = decltype(e);
+    using S = typename E::Storage;
+    rms_norm_forward<E>(x.typed_data<S>(), nullptr, gamma.typed_data<S>(), epsilon, v.value().rows, v.value().cols,
+                        y->typed_data<S>(), nullptr, inv_rms->typed_data());
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error AddRmsNormForward(ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer gamma, float epsilon,
                              ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> sum,
                              ffi::Result<ffi::Buffer<ffi::F32>> inv_rms) {
-  RowView v;
-  if (auto err = check_norm_operands(x, gamma, &v); err.failure()) return err;
-  if (auto err = same_dtype(x, residual, "x", "residual"); err.failure()) return err;
-  if (residual.element_count() != x.element_count())
-    return ffi::Error::InvalidArgument("residual must have x's shape");
-  if (static_cast<int64_t>(inv_rms->element_count()) != v.rows)
-    return ffi::Error::InvalidArgument("inv_rms must hold one value per row");
-  switch (x.element_type()) {
-#define JA_CASE(DT, E)                                                                                  \
-  case ffi::DataType::DT:                                                                               \
-    rms_norm_forward<E>(x.typed_data<E::Storage>(), residual.typed_data<E::Storage>(),                  \
-                        gamma.typed_data<E::Storage>(), epsilon, v.rows, v.cols, y->typed_data<E::Storage>(), \
-                        sum->typed_data<E::Storage>(), inv_rms->typed_data());                          \
-    break;
-    JA_CASE(BF16, Bf16) JA_CASE(F16, Fp16) JA_CASE(F32, Fp32)
-#undef JA_CASE
-    default: break;
-  }
-  return ffi::Error::Success();
+  auto v = check_rms_norm_forward(x, &residual, gamma, *y, &(*sum), *inv_rms);
+  if (v.has_error()) return v.error();
+  return visit_float_element(x.element_type(), "x", [&](auto e) {
+    using E = decltype(e);
+    using S = typename E::Storage;
+    rms_norm_forward<E>(x.typed_data<S>(), residual.typed_data<S>(), gamma.typed_data<S>(), epsilon, v.value().rows,
+                        v.value().cols, y->typed_data<S>(), sum->typed_data<S>(), inv_rms->typed_data());
+    return ffi::Error::Success();
+  });
 }
 
 // d_sum is the cotangent of the fused add's sum output; it has x's shape when present, else 0 elements.
+// dgamma_partial is the GPU kernel's workspace; the CPU sums dgamma in one pass and leaves it alone.
 ffi::Error RmsNormBackward(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer gamma, ffi::Buffer<ffi::F32> inv_rms,
-                           ffi::AnyBuffer d_sum, ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dgamma) {
-  RowView v;
-  if (auto err = check_norm_operands(x, gamma, &v); err.failure()) return err;
-  if (auto err = same_dtype(x, dy, "x", "dy"); err.failure()) return err;
-  if (dy.element_count() != x.element_count()) return ffi::Error::InvalidArgument("dy must have x's shape");
-  if (static_cast<int64_t>(inv_rms.element_count()) != v.rows)
-    return ffi::Error::InvalidArgument("inv_rms must hold one value per row");
-  const bool has_d_sum = d_sum.element_count() != 0;
-  if (has_d_sum) {
-    if (auto err = same_dtype(x, d_sum, "x", "d_sum"); err.failure()) return err;
-    if (d_sum.element_count() != x.element_count())
-      return ffi::Error::InvalidArgument("d_sum must have x's shape or be empty");
-  }
-  switch (x.element_type()) {
-#define JA_CASE(DT, E)                                                                                         \
-  case ffi::DataType::DT:                                                                                      \
-    rms_norm_backward<E>(dy.typed_data<E::Storage>(), x.typed_data<E::Storage>(), gamma.typed_data<E::Storage>(), \
-                         inv_rms.typed_data(), has_d_sum ? d_sum.typed_data<E::Storage>() : nullptr, v.rows,   \
-                         v.cols, dx->typed_data<E::Storage>(), dgamma->typed_data<E::Storage>());              \
-    break;
-    JA_CASE(BF16, Bf16) JA_CASE(F16, Fp16) JA_CASE(F32, Fp32)
-#undef JA_CASE
-    default: break;
-  }
-  return ffi::Error::Success();
+                           ffi::AnyBuffer d_sum, ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dgamma,
+                           ffi::Result<ffi::Buffer<ffi::F32>> dgamma_partial) {
+  auto v = check_rms_norm_backward(dy, x, gamma, inv_rms, d_sum, *dx, *dgamma, *dgamma_partial);
+  if (v.has_error()) return v.error();
+  return visit_float_element(x.element_type(), "x", [&](auto e) {
+    using E = decltype(e);
+    using S = typename E::Storage;
+    rms_norm_backward<E>(dy.typed_data<S>(), x.typed_data<S>(), gamma.typed_data<S>(), inv_rms.typed_data(),
+                         d_sum.element_count() != 0 ? d_sum.typed_data<S>() : nullptr, v.value().rows,
+                         v.value().cols, dx->typed_data<S>(), dgamma->typed_data<S>());
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace
@@ -179,4 +135,5 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(JaRmsNormBwdCpu, jax_aiter::RmsNormBackward,
                                   .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
                                   .Arg<xla::ffi::AnyBuffer>()
                                   .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>());
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());

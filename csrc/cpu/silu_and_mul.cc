@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "jax_aiter/element.h"
-#include "jax_aiter/ffi_util.h"
+#include "jax_aiter/op_checks.h"
 
 namespace jax_aiter {
 namespace {
@@ -41,49 +41,28 @@ void silu_and_mul_backward(const typename E::Storage* dout, const typename E::St
   }
 }
 
-ffi::Error check_input(const ffi::AnyBuffer& x, RowView* view) {
-  auto rv = row_view(x, "x");
-  if (rv.has_error()) return rv.error();
-  *view = rv.value();
-  if (!is_float_activation(x.element_type()))
-    return ffi::Error::InvalidArgument(std::string("x must be bfloat16, float16 or float32, got ") +
-                                       dtype_name(x.element_type()));
-  if (view->cols % 2 != 0) return ffi::Error::InvalidArgument("x's last dimension must be even ([gate | up])");
-  return ffi::Error::Success();
-}
-
 ffi::Error SiluAndMulForward(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) {
-  RowView v;
-  if (auto err = check_input(x, &v); err.failure()) return err;
-  if (out->element_count() * 2 != x.element_count()) return ffi::Error::InvalidArgument("out must be half of x");
-  switch (x.element_type()) {
-#define JA_CASE(DT, E)                                                                                     \
-  case ffi::DataType::DT:                                                                                  \
-    silu_and_mul_forward<E>(x.typed_data<E::Storage>(), v.rows, v.cols / 2, out->typed_data<E::Storage>()); \
-    break;
-    JA_CASE(BF16, Bf16) JA_CASE(F16, Fp16) JA_CASE(F32, Fp32)
-#undef JA_CASE
-    default: break;
-  }
-  return ffi::Error::Success();
+  auto v = check_silu_and_mul(x, *out, "out");
+  if (v.has_error()) return v.error();
+  return visit_float_element(x.element_type(), "x", [&](auto e) {
+    using E = decltype(e);
+    using S = typename E::Storage;
+    silu_and_mul_forward<E>(x.typed_data<S>(), v.value().rows, v.value().cols / 2, out->typed_data<S>());
+    return ffi::Error::Success();
+  });
 }
 
 ffi::Error SiluAndMulBackward(ffi::AnyBuffer dout, ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> dx) {
-  RowView v;
-  if (auto err = check_input(x, &v); err.failure()) return err;
-  if (auto err = same_dtype(x, dout, "x", "dout"); err.failure()) return err;
-  if (dout.element_count() * 2 != x.element_count()) return ffi::Error::InvalidArgument("dout must be half of x");
-  switch (x.element_type()) {
-#define JA_CASE(DT, E)                                                                                      \
-  case ffi::DataType::DT:                                                                                   \
-    silu_and_mul_backward<E>(dout.typed_data<E::Storage>(), x.typed_data<E::Storage>(), v.rows, v.cols / 2, \
-                             dx->typed_data<E::Storage>());                                                 \
-    break;
-    JA_CASE(BF16, Bf16) JA_CASE(F16, Fp16) JA_CASE(F32, Fp32)
-#undef JA_CASE
-    default: break;
-  }
-  return ffi::Error::Success();
+  auto v = check_silu_and_mul(x, dout, "dout");
+  if (v.has_error()) return v.error();
+  if (auto err = check_same_shape(*dx, x, "dx", "x"); err.failure()) return err;
+  return visit_float_element(x.element_type(), "x", [&](auto e) {
+    using E = decltype(e);
+    using S = typename E::Storage;
+    silu_and_mul_backward<E>(dout.typed_data<S>(), x.typed_data<S>(), v.value().rows, v.value().cols / 2,
+                             dx->typed_data<S>());
+    return ffi::Error::Success();
+  });
 }
 
 }  // namespace

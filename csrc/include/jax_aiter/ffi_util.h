@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 
+#include "jax_aiter/element.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace jax_aiter {
@@ -47,6 +48,20 @@ inline ffi::Error same_dtype(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, c
     return ffi::Error::InvalidArgument(std::string(a_name) + " and " + b_name + " must have the same dtype, got " +
                                        dtype_name(a.element_type()) + " and " + dtype_name(b.element_type()));
   return ffi::Error::Success();
+}
+
+// Calls fn(Bf16{}), fn(Fp16{}) or fn(Fp32{}) for the buffer's element type, so one generic lambda serves
+// every float activation dtype; any other dtype is an InvalidArgument error naming `what`.
+template <typename Fn>
+ffi::Error visit_float_element(ffi::DataType type, const char* what, Fn&& fn) {
+  switch (type) {
+    case ffi::DataType::BF16: return fn(Bf16{});
+    case ffi::DataType::F16: return fn(Fp16{});
+    case ffi::DataType::F32: return fn(Fp32{});
+    default:
+      return ffi::Error::InvalidArgument(std::string(what) + " must be bfloat16, float16 or float32, got " +
+                                         dtype_name(type));
+  }
 }
 
 }  // namespace jax_aiter

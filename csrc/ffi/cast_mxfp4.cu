@@ -1,0 +1,71 @@
+// MXFP4 cast FFI handler for CUDA and HIP (kernel in csrc/kernels/cast_mxfp4.cuh). Same target, operands and
+// validation as the CPU handler (csrc/cpu/cast_mxfp4.cc); the contract is in jax_aiter/cast_mxfp4_ffi.h.
+
+#include <limits>
+
+#include "../kernels/cast_mxfp4.cuh"
+#include "gpu_ffi.h"
+#include "jax_aiter/cast_mxfp4_ffi.h"
+
+namespace jax_aiter {
+namespace {
+
+kernels::Mxfp4CopyArgs copy_args(const Mxfp4CopyPlan& copy) {
+  return {copy.enabled ? copy.data : nullptr, copy.scales, copy.hadamard, copy.layout};
+}
+
+ffi::Error CastMxfp4(gpu::Stream stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> sr_key,
+                     ffi::Buffer<ffi::U32> hadamard_key, ffi::Buffer<ffi::U32> index_offset,
+                     ffi::Result<ffi::AnyBuffer> row_data, ffi::Result<ffi::AnyBuffer> row_scales,
+                     ffi::Result<ffi::AnyBuffer> col_data, ffi::Result<ffi::AnyBuffer> col_scales,
+                     CastMxfp4Attrs attrs) {
+  auto planned =
+      plan_cast_mxfp4(x, sr_key, hadamard_key, index_offset, *row_data, *row_scales, *col_data, *col_scales, attrs);
+  if (planned.has_error()) return planned.error();
+  const Mxfp4CastPlan& plan = planned.value();
+  if (plan.row.enabled && !gpu::aligned16(plan.x))
+    return ffi::Error::InvalidArgument("cast_mxfp4: the rowwise copy needs x aligned to 16 bytes");
+  // Shuffled scales carry zero padding that no block writes.
+  for (const Mxfp4CopyPlan* copy : {&plan.row, &plan.col}) {
+    if (copy->enabled && copy->padded) {
+      if (auto err = gpu_error(gpu::memset_async(copy->scales, 0, static_cast<size_t>(copy->scale_bytes), stream),
+                               "cast_mxfp4 scale padding");
+          err.failure())
+        return err;
+    }
+  }
+  return visit_float_element(plan.dtype, "x", [&](auto e) -> ffi::Error {
+    using E = decltype(e);
+    using S = typename E::Storage;
+    if (kernels::cast_mxfp4_tiles<S>(plan.m, plan.k) > std::numeric_limits<int32_t>::max())
+      return ffi::Error::InvalidArgument("cast_mxfp4: x is too large for one launch");
+    kernels::CastMxfp4Args<S> args{static_cast<const S*>(plan.x),
+                                   plan.m,
+                                   plan.k,
+                                   plan.sr_key,
+                                   plan.hadamard_key,
+                                   plan.index_offset,
+                                   plan.rule,
+                                   plan.stochastic,
+                                   plan.hadamard_signs,
+                                   copy_args(plan.row),
+                                   copy_args(plan.col)};
+    return gpu_error(kernels::launch_cast_mxfp4<E>(args, stream), "cast_mxfp4 launch");
+  });
+}
+
+}  // namespace
+}  // namespace jax_aiter
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaCastMxfp4Gpu, jax_aiter::CastMxfp4,
+                              xla::ffi::Ffi::Bind()
+                                  .Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()
+                                  .Arg<xla::ffi::AnyBuffer>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
+                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Ret<xla::ffi::AnyBuffer>()
+                                  .Attrs<jax_aiter::CastMxfp4Attrs>());

@@ -1,0 +1,488 @@
+// MXFP4 casts on the GPU (CUDA and HIP from this one source): the rowwise copy of x [M, K] and/or of x^T,
+// reading x once for both. Numerics: the shared codec (jax_aiter/mxfp4.h), bit-exact with the reference.
+//
+// A block of 256 threads owns a tile of 64 rows x 512 bytes of x (256 bf16/fp16 or 128 fp32 columns).
+// * Load: each thread loads 8 chunks of 16 bytes, 32 consecutive threads one tile row (fully coalesced).
+// * Rowwise copy, from those registers: a 32-element block spans kGroup = 32 / (elements per chunk) adjacent
+//   lanes (4 for 16-bit types, 8 for fp32), which combine amax and the cross-lane Hadamard stages through
+//   shuffles of width kGroup; each lane writes its packed bytes (a warp writes a contiguous run).
+// * Columnwise copy, through shared memory: each thread takes one 32-row half of the tile and one 4-byte
+//   column of it (two 16-bit columns or one fp32 column), quantizes each column's 32 values in registers and
+//   writes 16 bytes per column; the two halves of a column make one 32-byte sector.
+// Two variants of each kernel: the common one (round to nearest, no Hadamard) keeps its inputs packed and
+// carries no stochastic-rounding or rotation code, so it stays within fewer registers and instructions per
+// element; the general one handles every option (kGeneral).
+#pragma once
+
+#include <cstdint>
+#include <utility>
+
+#include "jax_aiter/element.h"
+#include "jax_aiter/gpu.h"
+#include "jax_aiter/mxfp4.h"
+
+namespace jax_aiter::kernels {
+
+struct Mxfp4CopyArgs {
+  uint8_t* data;
+  uint8_t* scales;
+  int hadamard;  // 0, 16 or 32
+  mxfp4::Layout layout;
+};
+
+template <typename S>
+struct CastMxfp4Args {
+  const S* x;
+  int64_t m;
+  int64_t k;
+  const uint32_t* sr_key;  // device memory, uint32[2] each
+  const uint32_t* hadamard_key;
+  const uint32_t* index_offset;
+  mxfp4::ScaleRule rule;
+  bool stochastic;
+  bool hadamard_signs;
+  Mxfp4CopyArgs row;  // the view x [M, K]
+  Mxfp4CopyArgs col;  // the view x^T [K, M]
+};
+
+inline constexpr int kCastThreads = 256;
+inline constexpr int kCastTileRows = 64;
+inline constexpr int kCastChunksPerRow = 32;  // 16-byte chunks per tile row: 512 bytes
+inline constexpr int kCastChunksPerThread = kCastTileRows * kCastChunksPerRow / kCastThreads;
+
+template <typename S>
+inline constexpr int kCastTileCols = kCastChunksPerRow * gpu::kVec16<S>;
+
+namespace cast_detail {
+
+// 16 bytes of x as four 32-bit words: 16-bit elements stay packed in registers (two per word) and are
+// widened where used, which keeps register use (and so occupancy) the same for every dtype.
+using Chunk = gpu::Vec<uint32_t, 4>;
+
+template <typename E>
+__device__ __forceinline__ float chunk_value(const Chunk& c, int j) {
+  if constexpr (sizeof(typename E::Storage) == 4) return bits_as_float(c.v[j]);
+  return E::load_word(c.v[j / 2], j % 2);
+}
+
+// Codes of N values of one block part with their block's scale, packed 4 bits each (element j at bit 4j).
+template <int N>
+__device__ __forceinline__ uint32_t encode_packed(const uint32_t (&bits)[N], const mxfp4::BlockScale& s,
+                                                  bool stochastic, const uint32_t (&draw)[N]) {
+  static_assert(N <= 8, "one 32-bit word holds 8 codes");
+  uint32_t packed = 0;
+  if (!s.finite) return packed;
+  if (s.tiny) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) packed |= mxfp4::encode<true>(bits[j], s, stochastic, draw[j]) << (4 * j);
+  } else {
+#pragma unroll
+    for (int j = 0; j < N; ++j) packed |= mxfp4::encode<false>(bits[j], s, stochastic, draw[j]) << (4 * j);
+  }
+  return packed;
+}
+
+template <int N>
+__device__ __forceinline__ uint32_t amax_of(const uint32_t (&bits)[N]) {
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < N; ++j) amax = gpu::amax_step(amax, bits_as_float(bits[j]));
+  return float_as_bits(amax);
+}
+
+// The kGroup lanes of one block combine their amax (each a non-negative float carrier, see gpu::amax_step).
+template <int kGroup>
+__device__ __forceinline__ uint32_t group_amax(uint32_t amax) {
+  constexpr int kStages = kGroup == 4 ? 2 : 3;
+  float a = bits_as_float(amax);
+#pragma unroll
+  for (int stage = 0; stage < kStages; ++stage) a = gpu::amax_step(a, gpu::shfl_xor(a, 1 << stage, kGroup));
+  return float_as_bits(a);
+}
+
+// Rowwise output of one lane: its scale byte (first lane of the group) and V/2 packed bytes.
+template <int V, typename S>
+__device__ __forceinline__ void store_rowwise(const CastMxfp4Args<S>& a, int64_t row, int64_t col, int lane,
+                                              uint8_t scale, uint32_t packed) {
+  if (lane == 0)
+    a.row.scales[mxfp4::scale_offset(a.row.layout, row, col / mxfp4::kBlock, a.k / mxfp4::kBlock)] = scale;
+  uint8_t* out = a.row.data + mxfp4::data_offset(a.row.layout, row, col / 2, a.k / 2);
+  if constexpr (V == 8) {
+    *reinterpret_cast<uint32_t*>(out) = packed;
+  } else {
+    *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(packed);
+  }
+}
+
+// Where a thread's rowwise output goes. Its chunk i sits in row first_row + 8i (first_row = tile start + 0..7,
+// tiles start at multiples of 64), so in every layout the offsets are the chunk-0 offsets plus
+//   data:  (i >> 1) * data_pair + (i & 1) * data_odd
+//   scale: (i >> 2) * scale_quad + ((i >> 1) & 1) * scale_pair + (i & 1) * scale_odd
+// (in the shuffled layouts, i & 1 moves within a 16-row group and i >> 1 to the next). With i a constant of
+// the unrolled loop, that is one or two adds per chunk instead of the full index arithmetic.
+struct RowwiseOffsets {
+  int64_t data, data_pair, data_odd;
+  int64_t scale, scale_quad, scale_pair, scale_odd;
+};
+
+template <typename S>
+__device__ __forceinline__ RowwiseOffsets rowwise_offsets(const CastMxfp4Args<S>& a, int64_t first_row,
+                                                          int64_t col) {
+  const int64_t data_cols = a.k / 2, scale_cols = a.k / mxfp4::kBlock;
+  RowwiseOffsets o;
+  o.data = mxfp4::data_offset(a.row.layout, first_row, col / 2, data_cols);
+  o.data_pair = 16 * data_cols;
+  o.data_odd = a.row.layout == mxfp4::Layout::kGemmB ? 8 * 16 : 8 * data_cols;
+  o.scale = mxfp4::scale_offset(a.row.layout, first_row, col / mxfp4::kBlock, scale_cols);
+  if (a.row.layout == mxfp4::Layout::kPlain) {
+    o.scale_quad = 32 * scale_cols;
+    o.scale_pair = 16 * scale_cols;
+    o.scale_odd = 8 * scale_cols;
+  } else {
+    o.scale_quad = 32 * mxfp4::padded_scale_cols(scale_cols);
+    o.scale_pair = 1;
+    o.scale_odd = 8 * 4;
+  }
+  return o;
+}
+
+// Rowwise, round to nearest, no rotation: straight from the loaded chunk i.
+template <typename E, int V, int i>
+__device__ __forceinline__ void rowwise_chunk_nearest(const CastMxfp4Args<typename E::Storage>& a,
+                                                      const Chunk& chunk, const RowwiseOffsets& o, bool valid) {
+  constexpr int kGroup = mxfp4::kBlock / V;
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < V; ++j) amax = gpu::amax_step(amax, chunk_value<E>(chunk, j));
+  const mxfp4::BlockScale s = mxfp4::block_scale(group_amax<kGroup>(float_as_bits(amax)), a.rule);
+  uint32_t packed = 0;
+  if (s.finite && !s.tiny) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) packed |= mxfp4::encode_nearest(chunk_value<E>(chunk, j), s.inv_scale) << (4 * j);
+  } else if (s.finite) {
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      packed |= mxfp4::encode<true>(float_as_bits(chunk_value<E>(chunk, j)), s, false, 0u) << (4 * j);
+  }
+  if (!valid) return;
+  if (static_cast<int>(threadIdx.x) % kGroup == 0)
+    a.row.scales[o.scale + (i >> 2) * o.scale_quad + ((i >> 1) & 1) * o.scale_pair + (i & 1) * o.scale_odd] = s.byte;
+  uint8_t* out = a.row.data + o.data + (i >> 1) * o.data_pair + (i & 1) * o.data_odd;
+  if constexpr (V == 8) {
+    *reinterpret_cast<uint32_t*>(out) = packed;
+  } else {
+    *reinterpret_cast<uint16_t*>(out) = static_cast<uint16_t>(packed);
+  }
+}
+
+template <typename E, int V, int... kChunks>
+__device__ __forceinline__ void rowwise_nearest(const CastMxfp4Args<typename E::Storage>& a,
+                                                const Chunk (&chunks)[sizeof...(kChunks)], int64_t first_row,
+                                                int64_t col, std::integer_sequence<int, kChunks...>) {
+  static_assert(kCastThreads / kCastChunksPerRow == 8 && kCastTileRows % 64 == 0, "offset strides assume this");
+  const RowwiseOffsets o = rowwise_offsets(a, first_row, col);
+  (rowwise_chunk_nearest<E, V, kChunks>(a, chunks[kChunks], o, first_row + 8 * kChunks < a.m && col < a.k), ...);
+}
+
+// Rowwise, general: this lane's V consecutive elements of one 32-element block whose other elements sit in
+// the neighbouring lanes of its group. Every lane of the wave calls this (the shuffles need all lanes); `valid`
+// says whether the lane's chunk is inside x.
+template <typename E, int V>
+__device__ __forceinline__ void rowwise_chunk(const CastMxfp4Args<typename E::Storage>& a, const Chunk& chunk,
+                                              int64_t row,
+                                              int64_t col, bool valid, uint32_t sign_bits, uint32_t row_hash,
+                                              uint32_t key1_stream, uint32_t col_offset) {
+  constexpr int kGroup = mxfp4::kBlock / V;
+  const int lane = static_cast<int>(threadIdx.x) % kGroup;
+  float y[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) y[j] = chunk_value<E>(chunk, j);
+
+  const int size = a.row.hadamard;
+  if (size != 0) {
+#pragma unroll
+    for (int j = 0; j < V; ++j) y[j] = mxfp4::hadamard_input(y[j], (sign_bits >> j) & 1u);
+    // Stages with half < V pair values inside the lane, the others pair lanes (half / V apart). Stages are
+    // counted linearly so that every loop unrolls (an unroller needs an affine trip count).
+    constexpr int kLaneStages = V == 8 ? 3 : 2;
+#pragma unroll
+    for (int stage = 0; stage < kLaneStages; ++stage) {
+      const int half = 1 << stage;
+      if (half >= size) break;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if (j & half) continue;
+        const float low = y[j];
+        const float high = y[j + half];
+        y[j] = mxfp4::butterfly_sum(low, high);
+        y[j + half] = mxfp4::butterfly_difference(low, high);
+      }
+    }
+#pragma unroll
+    for (int stage = kLaneStages; stage < 5; ++stage) {
+      if ((1 << stage) >= size) break;
+      const int mask = (1 << stage) / V;
+      const bool low_lane = (lane & mask) == 0;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const float other = gpu::shfl_xor(y[j], mask, kGroup);
+        y[j] = low_lane ? mxfp4::butterfly_sum(y[j], other) : mxfp4::butterfly_difference(other, y[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < V; ++j) y[j] = mxfp4::hadamard_output(y[j], size);
+  }
+
+  uint32_t bits[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) bits[j] = float_as_bits(y[j]);
+  const mxfp4::BlockScale s = mxfp4::block_scale(group_amax<kGroup>(amax_of(bits)), a.rule);
+
+  uint32_t draw[V] = {};
+  if (a.stochastic) {
+#pragma unroll
+    for (int j = 0; j < V; ++j)
+      draw[j] = mxfp4::sr_finish(row_hash, col_offset + static_cast<uint32_t>(col + j), key1_stream);
+  }
+  const uint32_t packed = encode_packed(bits, s, a.stochastic, draw);
+  if (valid) store_rowwise<V>(a, row, col, lane, s.byte, packed);
+}
+
+// Columnwise: the 32 values of one column of one 32-row half of the tile, quantized as one block of x^T.
+template <int kSize>
+__device__ __forceinline__ void hadamard_column(float (&y)[mxfp4::kBlock]) {
+#pragma unroll
+  for (int chunk = 0; chunk < mxfp4::kBlock; chunk += kSize) mxfp4::hadamard_chunk<kSize>(y + chunk);
+}
+
+template <typename S>
+__device__ __forceinline__ void columnwise_block(const CastMxfp4Args<S>& a, float (&y)[mxfp4::kBlock], int64_t col,
+                                                 int64_t row0, const uint8_t* row_signs,
+                                                 const uint32_t* row_hashes, uint32_t key1_stream,
+                                                 uint32_t col_offset) {
+  if (a.col.hadamard != 0) {
+#pragma unroll
+    for (int j = 0; j < mxfp4::kBlock; ++j) y[j] = mxfp4::hadamard_input(y[j], row_signs[j]);
+    if (a.col.hadamard == 16) hadamard_column<16>(y);
+    else hadamard_column<32>(y);
+  }
+  uint32_t bits[mxfp4::kBlock];
+#pragma unroll
+  for (int j = 0; j < mxfp4::kBlock; ++j) bits[j] = float_as_bits(y[j]);
+  const mxfp4::BlockScale s = mxfp4::block_scale(amax_of(bits), a.rule);
+  a.col.scales[mxfp4::scale_offset(a.col.layout, col, row0 / mxfp4::kBlock, a.m / mxfp4::kBlock)] = s.byte;
+
+  const uint32_t logical_col = col_offset + static_cast<uint32_t>(col);
+  gpu::Vec<uint32_t, 4> packed;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t part[8];
+    uint32_t draw[8] = {};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      part[j] = bits[8 * w + j];
+      if (a.stochastic) draw[j] = mxfp4::sr_finish(row_hashes[8 * w + j], logical_col, key1_stream);
+    }
+    packed.v[w] = encode_packed(part, s, a.stochastic, draw);
+  }
+  gpu::store_vec<4>(reinterpret_cast<uint32_t*>(a.col.data +
+                                                mxfp4::data_offset(a.col.layout, col, row0 / 2, a.m / 2)),
+                    packed);
+}
+
+// Columnwise, round to nearest, no rotation: column c of the 4-byte words of 32 tile rows, widened where
+// used (twice: amax, then codes) instead of held as 32 floats.
+template <typename E, int kCols>
+__device__ __forceinline__ float column_value(uint32_t word, int c) {
+  return E::load_word(word, c);
+}
+
+template <typename E, int kCols>
+__device__ __forceinline__ void columnwise_block_nearest(const CastMxfp4Args<typename E::Storage>& a,
+                                                         const uint32_t (&words)[mxfp4::kBlock], int c,
+                                                         int64_t col, int64_t row0) {
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < mxfp4::kBlock; ++j) amax = gpu::amax_step(amax, column_value<E, kCols>(words[j], c));
+  const mxfp4::BlockScale s = mxfp4::block_scale(float_as_bits(amax), a.rule);
+  a.col.scales[mxfp4::scale_offset(a.col.layout, col, row0 / mxfp4::kBlock, a.m / mxfp4::kBlock)] = s.byte;
+  gpu::Vec<uint32_t, 4> packed{};
+  if (s.finite && !s.tiny) {
+#pragma unroll
+    for (int j = 0; j < mxfp4::kBlock; ++j)
+      packed.v[j / 8] |= mxfp4::encode_nearest(column_value<E, kCols>(words[j], c), s.inv_scale) << (4 * (j % 8));
+  } else if (s.finite) {
+#pragma unroll
+    for (int j = 0; j < mxfp4::kBlock; ++j)
+      packed.v[j / 8] |= mxfp4::encode<true>(float_as_bits(column_value<E, kCols>(words[j], c)), s, false, 0u)
+                         << (4 * (j % 8));
+  }
+  gpu::store_vec<4>(reinterpret_cast<uint32_t*>(a.col.data +
+                                                mxfp4::data_offset(a.col.layout, col, row0 / 2, a.m / 2)),
+                    packed);
+}
+
+}  // namespace cast_detail
+
+// kVectorLoads: x rows are 16-byte aligned (K * sizeof(S) % 16 == 0 and x aligned), so chunks load as one
+// access; otherwise (possible only for a columnwise-only cast) elements load one by one. kGeneral: stochastic
+// rounding and Hadamard rotations are possible (as the arguments say); without it neither is.
+template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, bool kGeneral>
+__global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<typename E::Storage> a) {
+  using S = typename E::Storage;
+  using namespace cast_detail;
+  constexpr int V = gpu::kVec16<S>;
+  constexpr int kTileCols = kCastTileCols<S>;
+  constexpr int kTileRowsStored = kColumnwise ? kCastTileRows : 1;
+  __shared__ Chunk tile[kTileRowsStored][kCastChunksPerRow];
+  constexpr int kHashRows = kColumnwise && kGeneral ? kCastTileRows : 1;
+  __shared__ uint32_t col_row_hash[kHashRows];
+  __shared__ uint8_t col_sign[kHashRows];
+
+  const int64_t tiles_k = (a.k + kTileCols - 1) / kTileCols;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) / tiles_k * kCastTileRows;
+  const int64_t k0 = static_cast<int64_t>(blockIdx.x) % tiles_k * kTileCols;
+  const int t = static_cast<int>(threadIdx.x);
+  const int chunk_col = t % kCastChunksPerRow;
+  const int64_t col = k0 + int64_t{chunk_col} * V;
+  const uint32_t row_offset = a.index_offset[0];
+  const uint32_t col_offset = a.index_offset[1];
+
+  Chunk chunks[kCastChunksPerThread];
+#pragma unroll
+  for (int i = 0; i < kCastChunksPerThread; ++i) {
+    const int tile_row = t / kCastChunksPerRow + i * (kCastThreads / kCastChunksPerRow);
+    const int64_t row = m0 + tile_row;
+    const S* src = a.x + row * a.k + col;
+    chunks[i] = Chunk{};
+    if constexpr (kVectorLoads) {
+      if (row < a.m && col < a.k) chunks[i] = gpu::load_vec<4>(reinterpret_cast<const uint32_t*>(src));
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if (row >= a.m || col + j >= a.k) continue;
+        if constexpr (sizeof(S) == 4) {
+          chunks[i].v[j] = float_as_bits(src[j]);
+        } else {
+          chunks[i].v[j / 2] |= static_cast<uint32_t>(src[j]) << (16 * (j % 2));
+        }
+      }
+    }
+    if constexpr (kColumnwise) tile[tile_row][chunk_col] = chunks[i];
+  }
+
+  if constexpr (kColumnwise && kGeneral) {
+    if (t < kCastTileRows) {
+      const uint32_t logical_row = row_offset + static_cast<uint32_t>(m0 + t);
+      if (a.stochastic) col_row_hash[t] = mxfp4::sr_row(a.sr_key[0], logical_row);
+      col_sign[t] = a.hadamard_signs && a.col.hadamard != 0
+                        ? static_cast<uint8_t>(mxfp4::hadamard_sign_bit(a.hadamard_key[0], a.hadamard_key[1],
+                                                                         logical_row))
+                        : uint8_t{0};
+    }
+  }
+
+  if constexpr (kRowwise && !kGeneral) {
+    rowwise_nearest<E, V>(a, chunks, m0 + t / kCastChunksPerRow, col,
+                          std::make_integer_sequence<int, kCastChunksPerThread>{});
+  }
+
+  if constexpr (kRowwise && kGeneral) {
+    uint32_t sign_bits = 0;
+    if (a.hadamard_signs && a.row.hadamard != 0) {
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        sign_bits |= mxfp4::hadamard_sign_bit(a.hadamard_key[0], a.hadamard_key[1],
+                                              col_offset + static_cast<uint32_t>(col + j))
+                     << j;
+    }
+    const uint32_t key1_stream = a.sr_key[1] ^ mxfp4::kRowwiseStream;
+#pragma unroll
+    for (int i = 0; i < kCastChunksPerThread; ++i) {
+      const int64_t row = m0 + t / kCastChunksPerRow + i * (kCastThreads / kCastChunksPerRow);
+      const uint32_t row_hash =
+          a.stochastic ? mxfp4::sr_row(a.sr_key[0], row_offset + static_cast<uint32_t>(row)) : 0u;
+      rowwise_chunk<E, V>(a, chunks[i], row, col, row < a.m && col < a.k, sign_bits, row_hash, key1_stream,
+                          col_offset);
+    }
+  }
+
+  if constexpr (kColumnwise) {
+    __syncthreads();
+    constexpr int kColsPerThread = static_cast<int>(4 / sizeof(S));  // one 4-byte word of a tile row
+    static_assert(kColsPerThread == 1 || kColsPerThread == 2, "fp32, or a 16-bit type");
+    constexpr int kWordsPerRow = kCastChunksPerRow * 4;
+    static_assert(kWordsPerRow * 2 == kCastThreads, "two 32-row halves of one word column per thread");
+    const int word = t % kWordsPerRow;
+    const int half = t / kWordsPerRow;
+    const int64_t row0 = m0 + half * mxfp4::kBlock;
+    if (row0 >= a.m) return;
+    if constexpr (!kGeneral) {
+      uint32_t words[mxfp4::kBlock];
+#pragma unroll
+      for (int j = 0; j < mxfp4::kBlock; ++j)
+        words[j] = reinterpret_cast<const uint32_t*>(&tile[half * mxfp4::kBlock + j][0])[word];
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
+        if (column < a.k) columnwise_block_nearest<E, kColsPerThread>(a, words, c, column, row0);
+      }
+    } else {
+      float y[kColsPerThread][mxfp4::kBlock];
+#pragma unroll
+      for (int j = 0; j < mxfp4::kBlock; ++j) {
+        const uint32_t bits = reinterpret_cast<const uint32_t*>(&tile[half * mxfp4::kBlock + j][0])[word];
+#pragma unroll
+        for (int c = 0; c < kColsPerThread; ++c) y[c][j] = E::load_word(bits, c);
+      }
+      const uint32_t key1_stream = a.sr_key[1] ^ mxfp4::kColumnwiseStream;
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
+        if (column < a.k)
+          columnwise_block(a, y[c], column, row0, &col_sign[half * mxfp4::kBlock],
+                           &col_row_hash[half * mxfp4::kBlock], key1_stream, col_offset);
+      }
+    }
+  }
+}
+
+template <typename E, bool kGeneral>
+void launch_cast_variant(const CastMxfp4Args<typename E::Storage>& a, unsigned grid, bool row, bool col,
+                         bool vector_loads, gpu::Stream stream) {
+  if (row && col)
+    cast_mxfp4_kernel<E, true, true, true, kGeneral><<<grid, kCastThreads, 0, stream>>>(a);
+  else if (row)
+    cast_mxfp4_kernel<E, true, false, true, kGeneral><<<grid, kCastThreads, 0, stream>>>(a);
+  else if (vector_loads)
+    cast_mxfp4_kernel<E, false, true, true, kGeneral><<<grid, kCastThreads, 0, stream>>>(a);
+  else
+    cast_mxfp4_kernel<E, false, true, false, kGeneral><<<grid, kCastThreads, 0, stream>>>(a);
+}
+
+// Rowwise needs whole 16-byte chunks (K % 32 == 0 gives that); the caller checks alignment of x.
+template <typename E>
+gpu::Status launch_cast_mxfp4(const CastMxfp4Args<typename E::Storage>& a, gpu::Stream stream) {
+  using S = typename E::Storage;
+  constexpr int kTileCols = kCastTileCols<S>;
+  if (a.m == 0 || a.k == 0) return gpu::kSuccess;
+  const bool row = a.row.data != nullptr;
+  const bool col = a.col.data != nullptr;
+  const bool vector_loads = a.k % gpu::kVec16<S> == 0 && gpu::aligned16(a.x);
+  const int64_t tiles = (a.m + kCastTileRows - 1) / kCastTileRows * ((a.k + kTileCols - 1) / kTileCols);
+  const auto grid = static_cast<unsigned>(tiles);
+  const bool general = a.stochastic || (row && a.row.hadamard != 0) || (col && a.col.hadamard != 0);
+  if (general)
+    launch_cast_variant<E, true>(a, grid, row, col, vector_loads, stream);
+  else
+    launch_cast_variant<E, false>(a, grid, row, col, vector_loads, stream);
+  return gpu::last_error();
+}
+
+// Tiles (thread blocks) a cast of x [m, k] launches; the handler rejects more than a grid holds.
+template <typename S>
+int64_t cast_mxfp4_tiles(int64_t m, int64_t k) {
+  return (m + kCastTileRows - 1) / kCastTileRows * ((k + kCastTileCols<S> - 1) / kCastTileCols<S>);
+}
+
+}  // namespace jax_aiter::kernels

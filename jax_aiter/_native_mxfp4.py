@@ -1,0 +1,63 @@
+"""The ``native`` implementations of the MXFP4 cast ops: this project's kernels (CPU C++, CUDA and HIP from one
+source) behind FFI target ``ja_cast_mxfp4``, byte-for-byte equal to ``jax_aiter.ref.mxfp4``.
+
+``jax_aiter.gemm_fp4`` defines the ops and checks every argument before dispatch; this module registers the
+kernels under the same op signature. One FFI target serves both ops: ``cast_mxfp4`` asks for one copy,
+``cast_mxfp4_dual`` for both, and a copy that is not asked for gets 0-element outputs. The kernels accept every
+shape the public functions accept (the quantization axis a multiple of 32, ``gemm_b`` tiles whole); the
+operand contract is in ``csrc/include/jax_aiter/cast_mxfp4_ffi.h``.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_aiter import _backend
+from jax_aiter.ref import mxfp4 as ref
+
+__all__: list[str] = []
+
+_TARGET = "ja_cast_mxfp4"
+_NO_COPY = (jax.ShapeDtypeStruct((0, 0), jnp.uint8), jax.ShapeDtypeStruct((0, 0), jnp.uint8))
+
+
+def _copy_shapes(rows: int, cols: int, layout: str) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
+    """(data, scales) of the rowwise copy of a [rows, cols] view; shuffled scales are zero-padded."""
+    scales = (rows, cols // ref.BLOCK) if layout == "plain" else ref.padded_scale_shape(rows, cols // ref.BLOCK)
+    return jax.ShapeDtypeStruct((rows, cols // 2), jnp.uint8), jax.ShapeDtypeStruct(scales, jnp.uint8)
+
+
+def _cast(x, sr_key, hadamard_key, index_offset, *, rowwise: bool, columnwise: bool, scale_rule: str,
+          stochastic: bool, hadamard_rowwise: int, hadamard_columnwise: int, hadamard_signs: bool,
+          layout_rowwise: str, layout_columnwise: str):
+    m, k = x.shape
+    outputs = (*(_copy_shapes(m, k, layout_rowwise) if rowwise else _NO_COPY),
+               *(_copy_shapes(k, m, layout_columnwise) if columnwise else _NO_COPY))
+    call = jax.ffi.ffi_call(_TARGET, outputs, vmap_method="sequential")
+    return call(x, sr_key, hadamard_key, index_offset, rowwise=rowwise, columnwise=columnwise,
+                scale_rule=scale_rule, stochastic=stochastic, hadamard_rowwise=np.int32(hadamard_rowwise),
+                hadamard_columnwise=np.int32(hadamard_columnwise), hadamard_signs=hadamard_signs,
+                layout_rowwise=layout_rowwise, layout_columnwise=layout_columnwise)
+
+
+def cast_mxfp4(x, sr_key, hadamard_key, index_offset, *, columnwise: bool, scale_rule: str, stochastic: bool,
+               hadamard: int, hadamard_signs: bool, layout: str):
+    row_data, row_scales, col_data, col_scales = _cast(
+        x, sr_key, hadamard_key, index_offset, rowwise=not columnwise, columnwise=columnwise,
+        scale_rule=scale_rule, stochastic=stochastic, hadamard_rowwise=hadamard, hadamard_columnwise=hadamard,
+        hadamard_signs=hadamard_signs, layout_rowwise=layout, layout_columnwise=layout)
+    return (col_data, col_scales) if columnwise else (row_data, row_scales)
+
+
+def cast_mxfp4_dual(x, sr_key, hadamard_key, index_offset, *, scale_rule: str, stochastic: bool,
+                    hadamard_rowwise: int, hadamard_columnwise: int, hadamard_signs: bool, layout_rowwise: str,
+                    layout_columnwise: str):
+    return _cast(x, sr_key, hadamard_key, index_offset, rowwise=True, columnwise=True, scale_rule=scale_rule,
+                 stochastic=stochastic, hadamard_rowwise=hadamard_rowwise, hadamard_columnwise=hadamard_columnwise,
+                 hadamard_signs=hadamard_signs, layout_rowwise=layout_rowwise, layout_columnwise=layout_columnwise)
+
+
+_backend.register("cast_mxfp4", "native", cast_mxfp4, library=_backend.NATIVE_LIBRARIES)
+_backend.register("cast_mxfp4_dual", "native", cast_mxfp4_dual, library=_backend.NATIVE_LIBRARIES)
