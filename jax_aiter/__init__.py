@@ -13,9 +13,9 @@ __all__ = ["export", "info", "use_backend", "__version__"]
 
 def info() -> str:
     """Per op and platform, the implementation a typical call takes on this machine, and why."""
-    from jax_aiter import _backend
+    from jax_aiter import _report
 
-    return _backend.info()
+    return _report.info()
 
 
 import jax_aiter._optional  # noqa: E402,F401  (a missing jax_aiter.mha names the package to install)

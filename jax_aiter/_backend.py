@@ -12,9 +12,14 @@ The per-platform choices are combined with :func:`jax.lax.platform_dependent`, s
 correctly for any platform. The ``xla`` implementation (pure JAX, ``jax_aiter/ref``) exists for every op and
 platform and defines the numerics.
 
+Each op module (``jax_aiter.rmsnorm``, ...) declares its op with :func:`define_op` in one block that lists every
+implementation; the implementation modules (``jax_aiter.ref``, ``.native``, ``.aiter``, ``jax_aiter.mha._cudnn``)
+are leaves that import neither this module's registry nor an op module.
+
 Overrides, in increasing precedence: the environment variable ``JAX_AITER_BACKEND`` (read when jax_aiter is
-imported) and the :func:`use_backend` context manager (part of jit's cache key). Both take an implementation name for all ops (``"xla"``) and/or per-op
-names (``"rms_norm=native,gemm=xla"``). A forced implementation that does not support the call raises.
+imported) and the :func:`use_backend` context manager (part of jit's cache key). Both take an implementation
+name for all ops (``"xla"``) and/or per-op names (``"rms_norm=native,gemm=xla"``); an unknown op or
+implementation name is an error. A forced implementation that does not support the call raises.
 """
 
 from __future__ import annotations
@@ -34,22 +39,48 @@ from jax_aiter import _native
 PLATFORMS: tuple[str, ...] = ("cpu", "cuda", "rocm")
 PREFERENCE: tuple[str, ...] = ("aiter", "native", "cudnn", "xla")
 ENV_VAR = "JAX_AITER_BACKEND"
-# Where this project's own kernels ("native") live on each platform: one source, three builds.
-NATIVE_LIBRARIES: dict[str, str] = {"cpu": "cpu", "cuda": "cuda", "rocm": "hip"}
 
 SupportsFn = Callable[..., "str | None"]
 
 
+# Every op, with the module that declares it and its implementations. Overrides are checked against this list
+# without importing the op modules (this module imports none of them); define_op refuses a name missing here.
+OPS: dict[str, str] = {
+    "rms_norm": "jax_aiter.rmsnorm",
+    "rms_norm_with_add": "jax_aiter.rmsnorm",
+    "silu_and_mul": "jax_aiter.activation",
+    "gemm": "jax_aiter.gemm",
+    "gemm_fp4": "jax_aiter.gemm_fp4",
+    "cast_mxfp4": "jax_aiter.gemm_fp4",
+    "cast_mxfp4_dual": "jax_aiter.gemm_fp4",
+    "flash_attn": "jax_aiter.mha",
+    "flash_attn_varlen": "jax_aiter.mha",
+}
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Implementation:
-    """One way to compute an op. ``fn(*args, **params)`` returns the op's outputs and is differentiable."""
+    """One way to compute an op. ``fn(*args, **params)`` returns the op's outputs and is differentiable.
 
-    op: str
+    ``library`` names the native library it needs: one name for every platform, or a ``{platform: library}``
+    mapping when each platform has its own build. ``supports(*args, **params)`` returns None when the call is
+    served, else the reason it is not.
+    """
+
     name: str
-    platforms: frozenset[str]
     fn: Callable[..., Any]
-    libraries: Mapping[str, str] = dataclasses.field(default_factory=dict)  # platform -> native library
+    platforms: tuple[str, ...] = PLATFORMS
+    library: str | Mapping[str, str] | None = None
     supports: SupportsFn | None = None
+
+    def __post_init__(self):
+        if self.name not in PREFERENCE:
+            raise ValueError(f"implementation name {self.name!r} is not one of {PREFERENCE}")
+
+    def library_for(self, platform: str) -> str | None:
+        if isinstance(self.library, str):
+            return self.library
+        return None if self.library is None else self.library.get(platform)
 
     def unsupported_reason(self, args: tuple, params: Mapping[str, Any]) -> str | None:
         return None if self.supports is None else self.supports(*args, **params)
@@ -57,48 +88,33 @@ class Implementation:
 
 @dataclasses.dataclass(frozen=True)
 class OpSpec:
-    """An op and a representative call, used by :func:`info` to say what a typical call would take."""
+    """An op, its implementations in preference order, and a representative call, used by :func:`report` to say
+    what a typical call would take."""
 
     name: str
     example: Callable[[], tuple[tuple, dict]]
-    implementations: list[Implementation] = dataclasses.field(default_factory=list)
+    implementations: tuple[Implementation, ...]
 
 
 _OPS: dict[str, OpSpec] = {}
 _warned_libraries: set[str] = set()
 
 
-def define_op(name: str, *, example: Callable[[], tuple[tuple, dict]]) -> None:
-    if name not in _OPS:
-        _OPS[name] = OpSpec(name, example)
+def define_op(name: str, *, example: Callable[[], tuple[tuple, dict]],
+              implementations: tuple[Implementation, ...]) -> None:
+    """Declare op ``name`` with every implementation it has; the ``xla`` one is required."""
+    if name not in OPS:
+        raise KeyError(f"op {name!r} is not listed in jax_aiter._backend.OPS")
+    names = [impl.name for impl in implementations]
+    if "xla" not in names or len(set(names)) != len(names):
+        raise ValueError(f"{name}: implementations {names} must be distinct and include 'xla'")
+    ordered = tuple(sorted(implementations, key=lambda impl: PREFERENCE.index(impl.name)))
+    _OPS[name] = OpSpec(name, example, ordered)
 
 
-def register(
-    op: str,
-    name: str,
-    fn: Callable[..., Any],
-    *,
-    platforms: tuple[str, ...] = PLATFORMS,
-    library: str | Mapping[str, str] | None = None,
-    supports: SupportsFn | None = None,
-) -> Implementation:
-    """Add implementation ``name`` of ``op``. ``library`` names the native library it needs: one name for
-    every platform, or a ``{platform: library}`` mapping when each platform has its own build."""
-    if op not in _OPS:
-        raise KeyError(f"op {op!r} must be defined with define_op before implementations are registered")
-    if name not in PREFERENCE:
-        raise ValueError(f"implementation name {name!r} is not one of {PREFERENCE}")
-    if isinstance(library, str):
-        library = {platform: library for platform in platforms}
-    impl = Implementation(op, name, frozenset(platforms), fn, dict(library or {}), supports)
-    impls = [i for i in _OPS[op].implementations if i.name != name] + [impl]
-    impls.sort(key=lambda i: PREFERENCE.index(i.name))
-    _OPS[op].implementations[:] = impls
-    return impl
-
-
-def ops() -> tuple[str, ...]:
-    return tuple(_OPS)
+def defined_ops() -> tuple[str, ...]:
+    """The ops whose modules have been imported, in the order of :data:`OPS`."""
+    return tuple(op for op in OPS if op in _OPS)
 
 
 def implementations(op: str) -> list[Implementation]:
@@ -115,6 +131,8 @@ def _parse_override(text: str, source: str) -> dict[str, str]:
         key, value = ("*", op.strip()) if not sep else (op.strip(), impl.strip())
         if value not in PREFERENCE:
             raise ValueError(f"{source}: unknown implementation {value!r} in {item!r}; expected one of {PREFERENCE}")
+        if key != "*" and key not in OPS:
+            raise ValueError(f"{source}: unknown op {key!r} in {item!r}; known ops are {sorted(OPS)}")
         result[key] = value
     return result
 
@@ -138,11 +156,6 @@ def use_backend(default: str | None = None, **per_op: str) -> Iterator[None]:
     """
     spec = ",".join(([default] if default else []) + [f"{k}={v}" for k, v in per_op.items()])
     forced = _parse_override(spec, "use_backend")
-    if any(op != "*" and op not in _OPS for op in forced):
-        _import_all_ops()  # the op's module may simply not be imported yet
-    for op in forced:
-        if op != "*" and op not in _OPS:
-            raise ValueError(f"use_backend: unknown op {op!r}; known ops are {sorted(_OPS)}")
     current = dict(_override.value)
     if "*" in forced:  # a new default replaces per-op choices made outside the block
         current = {}
@@ -153,6 +166,17 @@ def use_backend(default: str | None = None, **per_op: str) -> Iterator[None]:
 def forced_implementation(op: str) -> str | None:
     table = dict(_override.value)
     return table.get(op, table.get("*"))
+
+
+def current_overrides() -> tuple[tuple[str, str], ...]:
+    """The overrides in force, as a hashable value for :func:`overrides_in_force` (e.g. to re-enter them when a
+    program is traced later, as a custom partitioning rule is)."""
+    return _override.value
+
+
+def overrides_in_force(overrides: tuple[tuple[str, str], ...]):
+    """A context in which exactly ``overrides`` (from :func:`current_overrides`) are in force."""
+    return _override(overrides)
 
 
 # --- selection -------------------------------------------------------------------------------------------
@@ -172,7 +196,7 @@ def present_platforms() -> frozenset[str]:
 
 
 def _library_problem(impl: Implementation, platform: str) -> str | None:
-    library = impl.libraries.get(platform)
+    library = impl.library_for(platform)
     return None if library is None else _native.load(library).problem
 
 
@@ -205,7 +229,7 @@ def select(op: str, platform: str, args: tuple, params: Mapping[str, Any]) -> Im
         if reason is None:
             return impl
         if platform in present_platforms() and _library_problem(impl, platform):
-            _warn_missing_library(impl.libraries[platform])
+            _warn_missing_library(impl.library_for(platform))
     raise RuntimeError(f"{op}: no implementation for {platform}; the xla implementation must always be registered")
 
 
@@ -247,7 +271,7 @@ class Choice:
 def report(platforms: tuple[str, ...] = PLATFORMS) -> list[Choice]:
     """For each op and platform: the implementation a typical call takes and why better-ranked ones were skipped."""
     choices = []
-    for spec in _OPS.values():
+    for spec in (_OPS[op] for op in defined_ops()):
         args, params = spec.example()
         for platform in platforms:
             rejected = []
@@ -265,31 +289,3 @@ def report(platforms: tuple[str, ...] = PLATFORMS) -> list[Choice]:
                 selected = f"{forced} (forced; would be {selected})"
             choices.append(Choice(spec.name, platform, platform in present_platforms(), selected, tuple(rejected)))
     return choices
-
-
-def info(platforms: tuple[str, ...] = PLATFORMS) -> str:
-    """A table of every op, per platform, the implementation a typical call takes on this machine, and why."""
-    _import_all_ops()
-    lines = [f"jax {jax.__version__}; devices here: {', '.join(sorted(present_platforms())) or 'none'}"]
-    lines += [f"  {line}" for line in _native.describe()]
-    width = max((len(op) for op in _OPS), default=10)
-    for choice in report(platforms):
-        mark = "*" if choice.present else " "
-        line = f"{mark} {choice.op:<{width}}  {choice.platform:<5} -> {choice.selected}"
-        if choice.rejected:
-            line += "   (" + "; ".join(f"{name}: {why}" for name, why in choice.rejected) + ")"
-        lines.append(line)
-    lines.append("* = platform present on this machine")
-    return "\n".join(lines)
-
-
-def _import_all_ops() -> None:
-    import importlib
-
-    for module in ("jax_aiter.rmsnorm", "jax_aiter.activation", "jax_aiter.gemm", "jax_aiter.gemm_fp4",
-                   "jax_aiter.mha"):
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as err:
-            if err.name is None or not err.name.startswith("jax_aiter"):
-                raise

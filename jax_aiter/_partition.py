@@ -208,7 +208,7 @@ class LinearOp:
     def __call__(self, static: Any, *arrays: jax.Array) -> tuple:
         # The backend override in force now travels with the call: the split program is traced later, when XLA
         # partitions, and must pick the implementations the undivided program picked.
-        context = (static, _backend._override.value)
+        context = (static, _backend.current_overrides())
 
         @jax.custom_batching.custom_vmap
         def run(*arrays):
@@ -236,7 +236,7 @@ class LinearOp:
             return NamedSharding(mesh, PartitionSpec(*(a[0] if len(a) == 1 else a or None for a in entries)))
 
         def lower(*arrays):
-            with _backend._override(override):
+            with _backend.overrides_in_force(override):
                 return self._local(static, split, *arrays)
 
         return mesh, lower, tuple(map(sharding, results)), tuple(map(sharding, operands))

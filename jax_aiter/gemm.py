@@ -1,12 +1,12 @@
 """BF16/FP16 GEMM in AITER's "tn" convention: ``gemm(a, b) = a[..., K] @ b[N, K]^T``, float32 accumulation,
 output in a's dtype.
 
-Implementations: ``xla`` (``jax_aiter.ref.gemm``: cuBLAS on NVIDIA, Eigen on the CPU); the AITER ASM kernel on
-ROCm registers itself from ``jax_aiter.aiter``. The gradient GEMMs are XLA's on every backend (float32
-accumulation, rounded once), the formulas JAX's autodiff of the reference gives. Forward, dgrad and wgrad are
-custom-partitioned (``jax_aiter._partition``), because XLA cannot partition the opaque AITER kernel: the weight is
-gathered for the forward and dgrad, and wgrad is reduced over the token axes (docs/mxfp4.md, "Sharding").
-Differentiation is reverse-mode (``custom_vjp``), as it always was on ROCm.
+Implementations, declared at the end of this module: ``aiter`` (ROCm, AITER's a16w16 ASM kernels) and ``xla``
+(``jax_aiter.ref.gemm``: cuBLAS on NVIDIA, Eigen on the CPU). The gradient GEMMs are XLA's on every backend
+(float32 accumulation, rounded once), the formulas JAX's autodiff of the reference gives. Forward, dgrad and
+wgrad are custom-partitioned (``jax_aiter._partition``), because XLA cannot partition the opaque AITER kernel: the
+weight is gathered for the forward and dgrad, and wgrad is reduced over the token axes (docs/mxfp4.md,
+"Sharding"). Differentiation is reverse-mode (``custom_vjp``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from jax import lax
 
 from jax_aiter import _backend, _checks
 from jax_aiter._partition import LinearOp
+from jax_aiter.aiter import LIBRARY as AITER_LIBRARY
+from jax_aiter.aiter import gemm as aiter_impl
 from jax_aiter.ref import gemm as ref
 
 __all__ = ["gemm"]
@@ -73,8 +75,13 @@ def _bwd(residuals, g):
 
 _gemm.defvjp(_fwd, _bwd)
 
-_backend.define_op("gemm", example=lambda: ((jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16),
-                                             jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)), {}))
-_backend.register("gemm", "xla", ref.gemm)
+# --- implementations ----------------------------------------------------------------------------------------
 
-import jax_aiter.aiter.gemm  # noqa: E402,F401  (registers the ROCm implementation)
+_backend.define_op(
+    "gemm", example=lambda: ((jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16),
+                              jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)), {}),
+    implementations=(
+        _backend.Implementation("aiter", aiter_impl.gemm, platforms=("rocm",), library=AITER_LIBRARY,
+                                supports=aiter_impl.supports),
+        _backend.Implementation("xla", ref.gemm),
+    ))

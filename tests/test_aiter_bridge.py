@@ -5,6 +5,7 @@ forced, and ``jax.export`` of an MXFP4 training step for ROCm."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -21,21 +22,12 @@ import pytest
 import jax_aiter
 from jax_aiter import _backend, _native
 from jax_aiter.aiter import build, manifest
-
-# The op modules, then their aiter registrations (the op modules import these themselves once wired).
-import jax_aiter.gemm  # noqa: F401  isort: skip
-import jax_aiter.gemm_fp4  # noqa: F401  isort: skip
-import jax_aiter.rmsnorm  # noqa: F401  isort: skip
-import jax_aiter.mha  # noqa: F401  isort: skip
-import jax_aiter.aiter.gemm  # noqa: F401  isort: skip
-import jax_aiter.aiter.gemm_fp4  # noqa: F401  isort: skip
-import jax_aiter.aiter.rmsnorm  # noqa: F401  isort: skip
-import jax_aiter.mha._aiter  # noqa: F401  isort: skip
-from jax_aiter.aiter import _support  # noqa: E402
-from jax_aiter.gemm import gemm  # noqa: E402
-from jax_aiter.gemm_fp4 import gemm_fp4, gemm_fp4_bf16  # noqa: E402
-from jax_aiter.mha import flash_attn_func, flash_attn_varlen  # noqa: E402
-from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add  # noqa: E402
+from jax_aiter.aiter import _support
+from jax_aiter.gemm import gemm
+from jax_aiter.gemm_fp4 import gemm_fp4, gemm_fp4_bf16
+from jax_aiter.mha import flash_attn_func, flash_attn_varlen
+from jax_aiter.mha._contract import AttentionOptions
+from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -363,17 +355,18 @@ def _aiter(op: str) -> _backend.Implementation:
                                          ("flash_attn_varlen", "aiter_mha")])
 def test_registered_for_rocm_first(op, library):
     impls = _backend.implementations(op)
-    assert impls[0].name == "aiter" and impls[0].platforms == {"rocm"} and impls[0].libraries == {"rocm": library}
+    assert impls[0].name == "aiter" and impls[0].platforms == ("rocm",) and impls[0].library_for("rocm") == library
 
 
 def test_registration_does_not_depend_on_import_order():
     code = ("import importlib, sys\n"
             "for m in sys.argv[1:]: importlib.import_module(m)\n"
             "from jax_aiter import _backend\n"
-            "print(sorted(op for op in _backend.ops()\n"
+            "print(sorted(op for op in _backend.defined_ops()\n"
             "             if any(i.name == 'aiter' for i in _backend.implementations(op))))")
-    out = subprocess.run([sys.executable, "-c", code, "jax_aiter.aiter.gemm", "jax_aiter.gemm", "jax_aiter.mha._aiter",
-                          "jax_aiter.aiter.rmsnorm"], capture_output=True, text=True, cwd=REPO, check=True).stdout
+    out = subprocess.run([sys.executable, "-c", code, "jax_aiter.aiter.gemm", "jax_aiter.mha._aiter", "jax_aiter.mha",
+                          "jax_aiter.gemm", "jax_aiter.aiter.rmsnorm", "jax_aiter.rmsnorm"],
+                         capture_output=True, text=True, cwd=REPO, check=True).stdout
     assert out.split("\n")[-2] == str(sorted(["flash_attn", "flash_attn_varlen", "gemm", "rms_norm",
                                               "rms_norm_with_add"]))
 
@@ -394,13 +387,13 @@ def test_supports_reasons():
     assert "gamma" in norm_ok(_sds((4, 64), bf16), _sds((64,), jnp.float32), epsilon=1e-6)
     attn = _aiter("flash_attn").supports
     q = _sds((1, 16, 4, 128), bf16)
-    params = dict(softmax_scale=0.1, window=(-1, -1), has_bias=False, has_alibi=False, dropout_p=0.0,
-                  deterministic=True, return_lse=False)
-    assert attn(q, q, q, **params) is None
-    assert "float16" in attn(_sds((1, 16, 4, 128), jnp.float32), q, q, **params)
-    assert "bias" in attn(q, q, q, **{**params, "has_bias": True})
-    assert "Philox" in attn(q, q, q, **{**params, "dropout_p": 0.1})
-    assert "head dim 320" in attn(_sds((1, 16, 4, 320), bf16), _sds((1, 16, 4, 320), bf16), q, **params)
+    options = AttentionOptions(softmax_scale=0.1, window=(-1, -1), has_bias=False, has_alibi=False, dropout_p=0.0,
+                               deterministic=True, return_lse=False)
+    assert attn(q, q, q, options=options) is None
+    assert "float16" in attn(_sds((1, 16, 4, 128), jnp.float32), q, q, options=options)
+    assert "bias" in attn(q, q, q, options=dataclasses.replace(options, has_bias=True))
+    assert "Philox" in attn(q, q, q, options=dataclasses.replace(options, dropout_p=0.1))
+    assert "head dim 320" in attn(_sds((1, 16, 4, 320), bf16), _sds((1, 16, 4, 320), bf16), q, options=options)
 
 
 def test_supports_judges_the_local_device(monkeypatch):

@@ -18,7 +18,7 @@ import pytest
 
 import _oracle
 import jax_aiter
-from jax_aiter import _backend, _native
+from jax_aiter import _backend, _native, native
 from jax_aiter.activation import silu_and_mul
 from jax_aiter.gemm_fp4 import cast_mxfp4, cast_mxfp4_dual
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add
@@ -42,7 +42,7 @@ def device(request):
         dev = jax.devices("gpu")[0]
     platform = "rocm" if "rocm" in dev.client.platform_version.lower() else dev.platform
     platform = "cuda" if platform == "gpu" else platform
-    problem = _native.load(_backend.NATIVE_LIBRARIES[platform]).problem
+    problem = _native.load(native.LIBRARY[platform]).problem
     if problem is not None:
         if request.param == "cpu":
             pytest.skip(problem)

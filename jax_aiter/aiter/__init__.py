@@ -1,16 +1,15 @@
-"""The AITER bridge: ROCm implementations ("aiter") of jax-aiter's ops over AMD's AITER kernels.
+"""The ``aiter`` implementations: jax-aiter's ops on ROCm over AMD's AITER kernels.
 
-Compile-checked and lowered here, not run on hardware here (docs/aiter-bridge.md). Each submodule below
-registers an ``aiter`` implementation with ``jax_aiter._backend`` when imported. It imports its op module first
-(the op must be defined), and the op module imports it at its end, so either may be imported first. This
-package's ``__init__`` imports neither, so importing it never imports an op:
+Compile-checked and lowered here, not run on hardware here (docs/aiter-bridge.md). One module per op family, each
+a leaf that exports its implementations and their ``supports`` checks; the op modules declare them:
 
-* ``jax_aiter.aiter.rmsnorm``  rms_norm, rms_norm_with_add  (AITER's opus RMSNorm, C ABI)
+* ``jax_aiter.aiter.rmsnorm``  rms_norm, rms_norm_with_add  (AITER's RMSNorm, C ABI)
 * ``jax_aiter.aiter.gemm``     gemm                         (ASM a16w16, gfx942 and gfx950)
 * ``jax_aiter.aiter.gemm_fp4`` gemm_fp4                     (ASM a4w4, gfx950)
-* ``jax_aiter.mha._aiter``     flash_attn, flash_attn_varlen (AITER's mha_fwd / mha_bwd C++ API)
+* ``jax_aiter.mha._aiter``     flash_attn, flash_attn_varlen (AITER's mha_fwd / mha_bwd C++ API; shipped with
+  jax-aiter-mha)
 
-Building the libraries and staging AITER's code objects: ``scripts/build-aiter.sh`` (docs/building-rocm.md).
+Building the libraries and staging AITER's code objects: docs/building-rocm.md.
 """
 
 # The FFI targets of the two libraries (csrc/aiter/targets.cc, csrc/aiter/mha_targets.cc).

@@ -1,4 +1,4 @@
-"""``gemm`` on ROCm through AITER's a16w16 ASM kernels (csrc/aiter/gemm_bf16.cc); imported by jax_aiter.gemm.
+"""``gemm`` on ROCm through AITER's a16w16 ASM kernels (csrc/aiter/gemm.cc).
 
 The forward GEMM runs on AITER with float32 output, rounded to the input dtype by XLA: one rounding of a
 float32 accumulation for every split-K choice, as the op's contract says (the kernels' bf16 output mode would
@@ -14,9 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import jax_aiter.gemm  # noqa: F401  (defines the op; either module may be imported first)
-from jax_aiter import _backend
-from jax_aiter.aiter import GEMM_BF16, LIBRARY, _support
+from jax_aiter._autodiff import kernel_forward_reference_backward
+from jax_aiter.aiter import GEMM_BF16, _support
 from jax_aiter.ref import gemm as ref
 
 # When M is smaller, A is zero-padded to this many rows, the largest tile_M in AITER's bf16 tables: the
@@ -41,21 +40,7 @@ def _forward(a: jax.Array, b: jax.Array) -> jax.Array:
     return out.astype(a.dtype).reshape(*a.shape[:-1], n)
 
 
-@jax.custom_vjp
-def aiter_gemm(a: jax.Array, b: jax.Array) -> jax.Array:
-    return _forward(a, b)
-
-
-def _fwd(a, b):
-    return _forward(a, b), (a, b)
-
-
-def _bwd(residuals, g):
-    a, b = residuals
-    return jax.vjp(ref.gemm, a, b)[1](g)
-
-
-aiter_gemm.defvjp(_fwd, _bwd)
+gemm = kernel_forward_reference_backward(_forward, ref.gemm)
 
 
 def supports(a, b) -> str | None:
@@ -72,5 +57,3 @@ def supports(a, b) -> str | None:
         return f"M*N = {m * n} >= 2^31 overflows the kernels' 32-bit output offsets"
     return _support.arch_problem()
 
-
-_backend.register("gemm", "aiter", aiter_gemm, platforms=("rocm",), library=LIBRARY, supports=supports)

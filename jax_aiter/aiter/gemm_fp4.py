@@ -1,5 +1,4 @@
-"""``gemm_fp4`` on ROCm gfx950 through AITER's a4w4 ASM kernels (csrc/aiter/gemm_fp4.cc); imported by
-jax_aiter.gemm_fp4.
+"""``gemm_fp4`` on ROCm gfx950 through AITER's a4w4 ASM kernels (csrc/aiter/gemm_fp4.cc).
 
 The operands arrive in AITER's layout already (docs/mxfp4.md): A plain, B and both scales shuffled. The kernels
 write whole 32-row groups, so the output has ceil(M/32)*32 rows and the first M are returned. With split-K the
@@ -12,9 +11,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-import jax_aiter.gemm_fp4._gemm  # noqa: F401  (defines the op; either module may be imported first)
-from jax_aiter import _backend
-from jax_aiter.aiter import GEMM_FP4, LIBRARY, _support
+from jax_aiter.aiter import GEMM_FP4, _support
 
 # AITER ships FP4 GEMM code objects for gfx950 only.
 ARCHS = ("gfx950",)
@@ -24,7 +21,7 @@ def output_rows(m: int) -> int:
     return -(-m // 32) * 32
 
 
-def aiter_gemm_fp4(a, b, a_scale, b_scale):
+def gemm_fp4(a, b, a_scale, b_scale):
     m = a.shape[0]
     out = jax.ShapeDtypeStruct((output_rows(m), b.shape[0]), jnp.bfloat16)
     return jax.ffi.ffi_call(GEMM_FP4, out, vmap_method="sequential")(a, b, a_scale, b_scale)[:m]
@@ -34,5 +31,3 @@ def supports(a, b, a_scale, b_scale) -> str | None:
     # Shapes and layouts were checked by jax_aiter.gemm_fp4.gemm_fp4; only the device is left to judge.
     return _support.arch_problem(ARCHS)
 
-
-_backend.register("gemm_fp4", "aiter", aiter_gemm_fp4, platforms=("rocm",), library=LIBRARY, supports=supports)

@@ -29,5 +29,3 @@ __all__ = [
     "unshuffle_fp4",
     "unshuffle_scales",
 ]
-
-from jax_aiter import _native_mxfp4  # noqa: E402,F401  (registers the native cast kernels for these ops)

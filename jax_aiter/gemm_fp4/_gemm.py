@@ -1,8 +1,8 @@
 """``gemm_fp4``: the FP4 GEMM on pre-quantized AITER operands, as a dispatched op.
 
-ROCm gfx950 will take AITER's ASM a4w4 kernel; everywhere else the ``xla`` implementation unshuffles,
-dequantizes exactly and multiplies in float32, so one program gives the same answer on every backend up to
-float32 summation order.
+Implementations, declared at the end of this module: ``aiter`` (ROCm gfx950, AITER's ASM a4w4 kernels) and
+``xla``, which unshuffles, dequantizes exactly and multiplies in float32, so one program gives the same answer on
+every backend up to float32 summation order.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_aiter import _backend, _checks
+from jax_aiter.aiter import LIBRARY as AITER_LIBRARY
+from jax_aiter.aiter import gemm_fp4 as aiter_impl
 from jax_aiter.ref import mxfp4 as ref
 
 __all__ = ["gemm_fp4"]
@@ -51,7 +53,10 @@ def _example() -> tuple[tuple, dict]:
              jax.ShapeDtypeStruct(ref.padded_scale_shape(n, k // 32), jnp.uint8)), {})
 
 
-_backend.define_op("gemm_fp4", example=_example)
-_backend.register("gemm_fp4", "xla", jax.jit(ref.gemm_fp4))
+# --- implementations ----------------------------------------------------------------------------------------
 
-import jax_aiter.aiter.gemm_fp4  # noqa: E402,F401  (registers the ROCm implementation)
+_backend.define_op("gemm_fp4", example=_example, implementations=(
+    _backend.Implementation("aiter", aiter_impl.gemm_fp4, platforms=("rocm",), library=AITER_LIBRARY,
+                            supports=aiter_impl.supports),
+    _backend.Implementation("xla", jax.jit(ref.gemm_fp4)),
+))

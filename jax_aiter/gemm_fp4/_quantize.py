@@ -2,8 +2,8 @@
 
 The public functions check every argument (naming it) before anything is traced, turn keys into the kernels'
 uint32[2] words, and call :func:`jax_aiter._backend.dispatch`; the ``xla`` implementation is
-``jax_aiter.ref.mxfp4``. Native CPU/CUDA/HIP kernels register themselves under the same op names and signature
-(docs/mxfp4.md, "Kernel contract").
+``jax_aiter.ref.mxfp4``; the ``native`` one is this project's CPU/CUDA/HIP kernels (``jax_aiter.native.mxfp4``),
+under the same op signature (docs/mxfp4.md, "Kernel contract"). Both are declared at the end of this module.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_aiter import _backend, _checks
+from jax_aiter import _backend, _checks, native
+from jax_aiter.native import mxfp4 as native_impl
 from jax_aiter.ref import mxfp4 as ref
 
 __all__ = ["cast_mxfp4", "cast_mxfp4_dual", "dequantize_mxfp4", "key_words", "quantize_mxfp4"]
@@ -222,7 +223,13 @@ def _example_dual() -> tuple[tuple, dict]:
                       hadamard_signs=False, layout_rowwise="gemm_a", layout_columnwise="gemm_b")
 
 
-_backend.define_op("cast_mxfp4", example=_example_cast)
-_backend.register("cast_mxfp4", "xla", jax.jit(ref.cast_mxfp4, static_argnames=_CAST_PARAMS))
-_backend.define_op("cast_mxfp4_dual", example=_example_dual)
-_backend.register("cast_mxfp4_dual", "xla", jax.jit(ref.cast_mxfp4_dual, static_argnames=_DUAL_PARAMS))
+# --- implementations ----------------------------------------------------------------------------------------
+
+_backend.define_op("cast_mxfp4", example=_example_cast, implementations=(
+    _backend.Implementation("native", native_impl.cast_mxfp4, library=native.LIBRARY),
+    _backend.Implementation("xla", jax.jit(ref.cast_mxfp4, static_argnames=_CAST_PARAMS)),
+))
+_backend.define_op("cast_mxfp4_dual", example=_example_dual, implementations=(
+    _backend.Implementation("native", native_impl.cast_mxfp4_dual, library=native.LIBRARY),
+    _backend.Implementation("xla", jax.jit(ref.cast_mxfp4_dual, static_argnames=_DUAL_PARAMS)),
+))

@@ -1,6 +1,6 @@
 """``flash_attn`` and ``flash_attn_varlen`` on ROCm through AITER's MHA kernels (csrc/aiter/mha.cc over
-``aiter::mha_fwd`` / ``aiter::mha_bwd``; ASM v3 where it fits, Composable Kernel otherwise). Imported by
-jax_aiter.mha; compile-checked and lowered here, not run on hardware here.
+``aiter::mha_fwd`` / ``aiter::mha_bwd``; ASM v3 where it fits, Composable Kernel otherwise). Compile-checked
+and lowered here, not run on hardware here.
 
 Forward and backward are AITER's. The backward writes dK/dV per query head; each group of Hq/Hk heads is summed
 here in float32 (MQA/GQA). A gradient through the returned lse (rare: losses use ``out``) is not something
@@ -23,63 +23,48 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-import jax_aiter.mha.attention  # noqa: F401  (defines the ops; either module may be imported first)
-from jax_aiter import _backend
-from jax_aiter.aiter import MHA_BWD, MHA_FWD, MHA_LIBRARY, MHA_VARLEN_BWD, MHA_VARLEN_FWD, _support
-from jax_aiter.mha._contract import FLASH_ATTN, FLASH_ATTN_VARLEN
-from jax_aiter.ref import attention as ref
+from jax_aiter.aiter import MHA_BWD, MHA_FWD, MHA_VARLEN_BWD, MHA_VARLEN_FWD, _support
+from jax_aiter.mha._contract import AttentionOptions
+from jax_aiter.ref import mha as ref
 
 DTYPES = (jnp.bfloat16, jnp.float16)
 MAX_HEAD_DIM = 256
 HEAD_DIM_MULTIPLE = 8
 
 
-@dataclasses.dataclass(frozen=True)
-class _Config:
-    """The static part of a call. ``max_seqlen_*`` are set for varlen only."""
-
-    softmax_scale: float
-    window: tuple[int, int]
-    deterministic: bool
-    max_seqlen_q: int | None = None
-    max_seqlen_k: int | None = None
-
-    @property
-    def varlen(self) -> bool:
-        return self.max_seqlen_q is not None
-
-    def attributes(self) -> dict:
-        return {"softmax_scale": np.float32(self.softmax_scale), "window_left": np.int32(self.window[0]),
-                "window_right": np.int32(self.window[1])}
-
-    def seqlen_attributes(self) -> dict:
-        return {"max_seqlen_q": np.int32(self.max_seqlen_q), "max_seqlen_k": np.int32(self.max_seqlen_k)}
+def _attributes(cfg: AttentionOptions) -> dict:
+    return {"softmax_scale": np.float32(cfg.softmax_scale), "window_left": np.int32(cfg.window[0]),
+            "window_right": np.int32(cfg.window[1])}
 
 
-def _lse_shape(cfg: _Config, q) -> tuple[int, ...]:
+def _seqlen_attributes(cfg: AttentionOptions) -> dict:
+    return {"max_seqlen_q": np.int32(cfg.max_seqlen_q), "max_seqlen_k": np.int32(cfg.max_seqlen_k)}
+
+
+def _lse_shape(cfg: AttentionOptions, q) -> tuple[int, ...]:
     return (q.shape[1], q.shape[0]) if cfg.varlen else (q.shape[0], q.shape[2], q.shape[1])
 
 
-def _forward(cfg: _Config, q, k, v, cu_seqlens):
+def _forward(cfg: AttentionOptions, q, k, v, cu_seqlens):
     out = jax.ShapeDtypeStruct((*q.shape[:-1], v.shape[-1]), q.dtype)
     lse = jax.ShapeDtypeStruct(_lse_shape(cfg, q), jnp.float32)
     if cfg.varlen:
         return jax.ffi.ffi_call(MHA_VARLEN_FWD, (out, lse), vmap_method="sequential")(
-            q, k, v, *cu_seqlens, **cfg.attributes(), **cfg.seqlen_attributes())
-    return jax.ffi.ffi_call(MHA_FWD, (out, lse), vmap_method="sequential")(q, k, v, **cfg.attributes())
+            q, k, v, *cu_seqlens, **_attributes(cfg), **_seqlen_attributes(cfg))
+    return jax.ffi.ffi_call(MHA_FWD, (out, lse), vmap_method="sequential")(q, k, v, **_attributes(cfg))
 
 
-def _backward(cfg: _Config, dout, q, k, v, out, lse, cu_seqlens):
+def _backward(cfg: AttentionOptions, dout, q, k, v, out, lse, cu_seqlens):
     q_heads, kv_heads = q.shape[-2], k.shape[-2]
     per_q_head = (*k.shape[:-2], q_heads)
     results = (jax.ShapeDtypeStruct(q.shape, q.dtype),
                jax.ShapeDtypeStruct((*per_q_head, k.shape[-1]), k.dtype),
                jax.ShapeDtypeStruct((*per_q_head, v.shape[-1]), v.dtype),
                jax.ShapeDtypeStruct(lse.shape, jnp.float32))  # D = rowsum(dO * O), AITER's workspace
-    attrs = {**cfg.attributes(), "deterministic": cfg.deterministic}
+    attrs = {**_attributes(cfg), "deterministic": cfg.deterministic}
     if cfg.varlen:
         dq, dk, dv, _ = jax.ffi.ffi_call(MHA_VARLEN_BWD, results, vmap_method="sequential")(
-            dout, q, k, v, out, lse, *cu_seqlens, **attrs, **cfg.seqlen_attributes())
+            dout, q, k, v, out, lse, *cu_seqlens, **attrs, **_seqlen_attributes(cfg))
     else:
         dq, dk, dv, _ = jax.ffi.ffi_call(MHA_BWD, results, vmap_method="sequential")(dout, q, k, v, out, lse, **attrs)
     if q_heads != kv_heads:
@@ -93,7 +78,7 @@ def _backward(cfg: _Config, dout, q, k, v, out, lse, cu_seqlens):
     return dq, dk, dv
 
 
-def _reference_lse(cfg: _Config, cu_seqlens):
+def _reference_lse(cfg: AttentionOptions, cu_seqlens):
     """The lse output of the reference as a function of (q, k, v), for gradients through lse."""
     common = dict(bias=None, alibi_slopes=None, dropout_seed=None, softmax_scale=cfg.softmax_scale,
                   window=cfg.window, dropout_p=0.0)
@@ -103,7 +88,7 @@ def _reference_lse(cfg: _Config, cu_seqlens):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _attention(cfg: _Config, q, k, v, cu_seqlens):
+def _attention(cfg: AttentionOptions, q, k, v, cu_seqlens):
     return _forward(cfg, q, k, v, cu_seqlens)
 
 
@@ -130,27 +115,29 @@ def _attention_bwd(cfg, residuals, cotangents):
 _attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
 
 
-def aiter_flash_attn(q, k, v, *optional, softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic,
-                     return_lse):
-    del optional, has_bias, has_alibi, dropout_p  # supports() admits only calls without them
-    out, lse = _attention(_Config(softmax_scale, tuple(window), deterministic), q, k, v, ())
-    return (out, lse) if return_lse else out
+def _kernel_options(options: AttentionOptions) -> AttentionOptions:
+    """What the kernels' custom_vjp is keyed on: lse is always computed, so return_lse does not split it."""
+    return dataclasses.replace(options, return_lse=False)
 
 
-def aiter_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, max_seqlen_q, max_seqlen_k,
-                            softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic, return_lse):
-    del optional, has_bias, has_alibi, dropout_p
-    cfg = _Config(softmax_scale, tuple(window), deterministic, max_seqlen_q, max_seqlen_k)
-    out, lse = _attention(cfg, q, k, v, (cu_seqlens_q, cu_seqlens_k))
-    return (out, lse) if return_lse else out
+def flash_attn(q, k, v, *optional, options: AttentionOptions):
+    del optional  # supports() admits only calls without bias, ALiBi or dropout
+    out, lse = _attention(_kernel_options(options), q, k, v, ())
+    return (out, lse) if options.return_lse else out
 
 
-def _supports(q, k, v, has_bias, has_alibi, dropout_p) -> str | None:
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, options: AttentionOptions):
+    del optional
+    out, lse = _attention(_kernel_options(options), q, k, v, (cu_seqlens_q, cu_seqlens_k))
+    return (out, lse) if options.return_lse else out
+
+
+def _supports(q, k, v, options: AttentionOptions) -> str | None:
     if np.dtype(q.dtype) not in tuple(np.dtype(d) for d in DTYPES):
         return f"AITER's attention kernels take bfloat16 or float16, got {np.dtype(q.dtype)}"
-    if has_bias or has_alibi:
+    if options.has_bias or options.has_alibi:
         return "additive bias and ALiBi are not wired to AITER's bias arguments"
-    if dropout_p > 0:
+    if options.dropout_p > 0:
         return "AITER draws dropout masks from its own Philox stream, which differ from the contract's"
     for name, dim in (("q/k", q.shape[-1]), ("v", v.shape[-1])):
         if dim > MAX_HEAD_DIM or dim % HEAD_DIM_MULTIPLE:
@@ -163,20 +150,12 @@ def _supports(q, k, v, has_bias, has_alibi, dropout_p) -> str | None:
     return _support.arch_problem()
 
 
-def supports_flash_attn(q, k, v, *optional, softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic,
-                        return_lse) -> str | None:
-    return _supports(q, k, v, has_bias, has_alibi, dropout_p)
+def supports_flash_attn(q, k, v, *optional, options: AttentionOptions) -> str | None:
+    return _supports(q, k, v, options)
 
 
-def supports_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, max_seqlen_q, max_seqlen_k,
-                               softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic,
-                               return_lse) -> str | None:
-    if max(max_seqlen_q, max_seqlen_k) >= 2**31:
+def supports_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional,
+                               options: AttentionOptions) -> str | None:
+    if max(options.max_seqlen_q, options.max_seqlen_k) >= 2**31:
         return "sequence lengths of 2^31 or more overflow AITER's 32-bit sizes"
-    return _supports(q, k, v, has_bias, has_alibi, dropout_p)
-
-
-_backend.register(FLASH_ATTN, "aiter", aiter_flash_attn, platforms=("rocm",), library=MHA_LIBRARY,
-                  supports=supports_flash_attn)
-_backend.register(FLASH_ATTN_VARLEN, "aiter", aiter_flash_attn_varlen, platforms=("rocm",), library=MHA_LIBRARY,
-                  supports=supports_flash_attn_varlen)
+    return _supports(q, k, v, options)

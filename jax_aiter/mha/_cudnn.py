@@ -14,7 +14,7 @@ import re
 import jax
 import jax.numpy as jnp
 
-from jax_aiter.mha._contract import unpack_optional
+from jax_aiter.mha._contract import AttentionOptions
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # XLA flags under which cuDNN's attention backward runs deterministically (XLA's RequireDeterminism).
@@ -22,48 +22,44 @@ _DETERMINISM_FLAGS = re.compile(
     r"--xla_gpu_(?:deterministic_ops|exclude_nondeterministic_ops)(?:=(?:true|1))?(?=\s|$)")
 
 
-def flash_attn(q, k, v, *optional, softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic,
-               return_lse):
-    # has_alibi, dropout_p, deterministic and return_lse are settled by supports_flash_attn.
-    bias, _, _ = unpack_optional(optional, has_bias=has_bias, has_alibi=has_alibi, dropout_p=dropout_p)
+def flash_attn(q, k, v, *optional, options: AttentionOptions):
+    # ALiBi, dropout, determinism and lse are settled by supports_flash_attn.
+    bias, _, _ = options.unpack(optional)
     if bias is not None:
         # cuDNN reads a full [1, Hq, Sq, Sk] bias; broadcasting here lets autodiff sum dbias back to bias's shape.
         bias = jnp.broadcast_to(bias, (1, q.shape[2], q.shape[1], k.shape[1]))
-    return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=softmax_scale, implementation="cudnn",
-                                        **_mask_options(window))
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=options.softmax_scale, implementation="cudnn",
+                                        **_mask_options(options.window))
 
 
-def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, max_seqlen_q, max_seqlen_k, softmax_scale,
-                      window, has_bias, has_alibi, dropout_p, deterministic, return_lse):
+def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, options: AttentionOptions):
     # Optional operands are all rejected by supports_flash_attn_varlen, so only q, k, v and offsets arrive.
     len_q = jnp.diff(cu_seqlens_q)
     len_k = jnp.diff(cu_seqlens_k)
-    q_pad = _pad(q, cu_seqlens_q, len_q, max_seqlen_q)
-    k_pad = _pad(k, cu_seqlens_k, len_k, max_seqlen_k)
-    v_pad = _pad(v, cu_seqlens_k, len_k, max_seqlen_k)
+    q_pad = _pad(q, cu_seqlens_q, len_q, options.max_seqlen_q)
+    k_pad = _pad(k, cu_seqlens_k, len_k, options.max_seqlen_k)
+    v_pad = _pad(v, cu_seqlens_k, len_k, options.max_seqlen_k)
     # Only keys are length-masked: padding query rows then stay finite (with full or causal masks they see
     # at least one key), so the backward pass, which reads every row of the output, never meets undefined
     # values. A sequence without keys is given one zero key for the same reason; its output is zeroed below.
-    out = jax.nn.dot_product_attention(q_pad, k_pad, v_pad, scale=softmax_scale,
+    out = jax.nn.dot_product_attention(q_pad, k_pad, v_pad, scale=options.softmax_scale,
                                        key_value_seq_lengths=jnp.maximum(len_k, 1), implementation="cudnn",
-                                       **_mask_options(window))
+                                       **_mask_options(options.window))
     out = jnp.where((len_k > 0)[:, None, None, None], out, 0)
     return _unpad(out, cu_seqlens_q, q.shape[0])
 
 
-def supports_flash_attn(q, k, v, *optional, softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic,
-                        return_lse):
-    reason = _common_reason(q, k, v, has_alibi=has_alibi, dropout_p=dropout_p, deterministic=deterministic,
-                            return_lse=return_lse)
+def supports_flash_attn(q, k, v, *optional, options: AttentionOptions):
+    reason = _common_reason(q, k, v, options)
     if reason:
         return reason
-    if window != (-1, -1) and q.shape[1] != k.shape[1]:
+    if options.window != (-1, -1) and q.shape[1] != k.shape[1]:
         return "cuDNN aligns causal/window masks top-left; bottom-right alignment with Sq != Sk needs xla"
-    reason = _window_reason(window)
+    reason = _window_reason(options.window)
     if reason:
         return reason
-    if has_bias:
-        bias, _, _ = unpack_optional(optional, has_bias=has_bias, has_alibi=has_alibi, dropout_p=dropout_p)
+    if options.has_bias:
+        bias, _, _ = options.unpack(optional)
         if bias.dtype != q.dtype:
             return f"cuDNN needs the bias in q's dtype ({q.dtype}), got {bias.dtype}"
         if bias.shape[0] != 1:
@@ -73,28 +69,27 @@ def supports_flash_attn(q, k, v, *optional, softmax_scale, window, has_bias, has
     return None
 
 
-def supports_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, max_seqlen_q, max_seqlen_k,
-                               softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic, return_lse):
-    reason = _common_reason(q, k, v, has_alibi=has_alibi, dropout_p=dropout_p, deterministic=deterministic,
-                            return_lse=return_lse)
+def supports_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, options: AttentionOptions):
+    reason = _common_reason(q, k, v, options)
     if reason:
         return reason
-    if has_bias:
+    window = options.window
+    if options.has_bias:
         return "a bias in packed coordinates is not expressible for cuDNN"
-    if max_seqlen_q == 0 or max_seqlen_k == 0:
+    if options.max_seqlen_q == 0 or options.max_seqlen_k == 0:
         return "cuDNN needs max_seqlen_q and max_seqlen_k >= 1"
     if window not in ((-1, -1), (-1, 0)):
         # A left bound would leave padding query rows with no key, and their undefined values would reach the
         # backward pass (see flash_attn_varlen).
         return "cuDNN varlen here takes full or causal attention only"
-    if window == (-1, 0) and not (cu_seqlens_k is cu_seqlens_q and max_seqlen_q == max_seqlen_k):
+    if window == (-1, 0) and not (cu_seqlens_k is cu_seqlens_q and options.max_seqlen_q == options.max_seqlen_k):
         # cuDNN's padded masks start every sequence's q and k at position 0 (top-left); only when q and k
         # share their offsets (self-attention) does that equal the bottom-right alignment.
         return "causal masks need cu_seqlens_k to be cu_seqlens_q (top-left = bottom-right alignment)"
     return None
 
 
-def _common_reason(q, k, v, *, has_alibi, dropout_p, deterministic, return_lse) -> str | None:
+def _common_reason(q, k, v, options: AttentionOptions) -> str | None:
     problem = _availability_problem()
     if problem:
         return problem
@@ -105,13 +100,13 @@ def _common_reason(q, k, v, *, has_alibi, dropout_p, deterministic, return_lse) 
         return f"cuDNN needs a head dim that is a multiple of 8 and <= {limit} on this GPU, got {head_dim}"
     if v.shape[-1] != head_dim:
         return "cuDNN needs v's head dim equal to q's"
-    if has_alibi:
+    if options.has_alibi:
         return "cuDNN has no ALiBi"
-    if dropout_p > 0:
+    if options.dropout_p > 0:
         return "jax.nn.dot_product_attention exposes no cuDNN dropout"
-    if return_lse:
+    if options.return_lse:
         return "jax.nn.dot_product_attention rounds cuDNN's lse to q's dtype; the contract is float32"
-    if deterministic and not _DETERMINISM_FLAGS.search(os.environ.get("XLA_FLAGS", "")):
+    if options.deterministic and not _DETERMINISM_FLAGS.search(os.environ.get("XLA_FLAGS", "")):
         return ("deterministic=True: cuDNN's backward is deterministic only with "
                 "XLA_FLAGS=--xla_gpu_exclude_nondeterministic_ops=true; pass deterministic=False to use it")
     return None

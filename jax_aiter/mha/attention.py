@@ -1,14 +1,15 @@
 """Flash attention: ``flash_attn_func`` (BSHD) and ``flash_attn_varlen`` (packed THD).
 
 Each public function checks its arguments, puts them in the op's canonical form (docs/attention.md, "Kernel
-contract") and dispatches; implementations, in preference order: AITER on ROCm and cuDNN on CUDA, each where it
-supports the call, then the pure-JAX reference everywhere. Semantics follow flash-attn: masks aligned to the
+contract") and dispatches; implementations, declared at the end of this module in preference order: AITER on
+ROCm and cuDNN on CUDA, each where it supports the call, then the pure-JAX reference everywhere. Semantics follow flash-attn: masks aligned to the
 bottom-right corner, ALiBi on the same aligned distance, dropout on the normalized probabilities, lse of the
 undropped softmax.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -16,9 +17,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_aiter import _backend
-from jax_aiter.mha import _checks, _cudnn
-from jax_aiter.mha._contract import FLASH_ATTN, FLASH_ATTN_VARLEN, pack_optional, unpack_optional
-from jax_aiter.ref import attention as ref
+from jax_aiter.aiter import MHA_LIBRARY
+from jax_aiter.mha import _aiter, _checks, _cudnn
+from jax_aiter.mha._contract import FLASH_ATTN, FLASH_ATTN_VARLEN, AttentionOptions, pack_optional
+from jax_aiter.ref import mha as ref
 
 
 def flash_attn_func(
@@ -126,7 +128,8 @@ def flash_attn_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                                softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                                alibi_slopes=alibi_slopes, deterministic=deterministic, return_lse=return_lse,
                                dropout_key=dropout_key)
-    params = {"max_seqlen_q": max_seqlen_q, "max_seqlen_k": max_seqlen_k, **params}
+    params = {"options": dataclasses.replace(params["options"], max_seqlen_q=max_seqlen_q,
+                                             max_seqlen_k=max_seqlen_k)}
     cu_q, cu_k = _as_jax(cu_seqlens_q, cu_seqlens_k)
     if cu_seqlens_k is cu_seqlens_q:
         cu_k = cu_q  # one offsets array for q and k tells implementations the sequences are the same
@@ -149,10 +152,10 @@ def _common(batch, q_heads, head_dim, *, bias, bias_shape, dropout_p, softmax_sc
     if bias is not None:
         bias = jnp.reshape(bias, bias_shape)
     dropout_seed = _dropout_seed(dropout_key) if dropout_p > 0 else None
-    optional, flags = pack_optional(bias, alibi_slopes, dropout_seed)
-    params = {"softmax_scale": softmax_scale, "window": window, **flags, "dropout_p": dropout_p,
-              "deterministic": deterministic, "return_lse": return_lse}
-    return optional, params
+    options = AttentionOptions(softmax_scale=softmax_scale, window=window, has_bias=bias is not None,
+                               has_alibi=alibi_slopes is not None, dropout_p=dropout_p, deterministic=deterministic,
+                               return_lse=return_lse)
+    return pack_optional(bias, alibi_slopes, dropout_seed), {"options": options}
 
 
 def _as_jax(*arrays):
@@ -170,26 +173,20 @@ def _dropout_seed(dropout_key: jax.Array) -> jax.Array:
 # --- the xla implementation: the reference in the op's calling convention ------------------------------
 
 
-def _xla_flash_attn(q, k, v, *optional, softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic,
-                    return_lse):
-    del deterministic  # the reference has one fixed reduction order
-    bias, alibi_slopes, dropout_seed = unpack_optional(optional, has_bias=has_bias, has_alibi=has_alibi,
-                                                       dropout_p=dropout_p)
+def _xla_flash_attn(q, k, v, *optional, options: AttentionOptions):
+    bias, alibi_slopes, dropout_seed = options.unpack(optional)
     out, lse = ref.attention(q, k, v, bias=bias, alibi_slopes=alibi_slopes, dropout_seed=dropout_seed,
-                             softmax_scale=softmax_scale, window=window, dropout_p=dropout_p)
-    return (out, lse) if return_lse else out
+                             softmax_scale=options.softmax_scale, window=options.window, dropout_p=options.dropout_p)
+    return (out, lse) if options.return_lse else out
 
 
-def _xla_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, max_seqlen_q, max_seqlen_k,
-                           softmax_scale, window, has_bias, has_alibi, dropout_p, deterministic, return_lse):
+def _xla_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, options: AttentionOptions):
     # The block-diagonal reference is exact for any lengths, so it needs neither maximum.
-    del max_seqlen_q, max_seqlen_k, deterministic
-    bias, alibi_slopes, dropout_seed = unpack_optional(optional, has_bias=has_bias, has_alibi=has_alibi,
-                                                       dropout_p=dropout_p)
+    bias, alibi_slopes, dropout_seed = options.unpack(optional)
     out, lse = ref.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, bias=bias, alibi_slopes=alibi_slopes,
-                                    dropout_seed=dropout_seed, softmax_scale=softmax_scale, window=window,
-                                    dropout_p=dropout_p)
-    return (out, lse) if return_lse else out
+                                    dropout_seed=dropout_seed, softmax_scale=options.softmax_scale,
+                                    window=options.window, dropout_p=options.dropout_p)
+    return (out, lse) if options.return_lse else out
 
 
 def _flash_attn_example():
@@ -210,14 +207,18 @@ def _flash_attn_varlen_example():
                                   alibi_slopes=None, deterministic=True, return_lse=False, dropout_key=None)
 
 
-_backend.define_op(FLASH_ATTN, example=_flash_attn_example)
-_backend.register(FLASH_ATTN, "xla", _xla_flash_attn)
-_backend.register(FLASH_ATTN, "cudnn", _cudnn.flash_attn, platforms=("cuda",), supports=_cudnn.supports_flash_attn)
-_backend.define_op(FLASH_ATTN_VARLEN, example=_flash_attn_varlen_example)
-_backend.register(FLASH_ATTN_VARLEN, "xla", _xla_flash_attn_varlen)
-_backend.register(FLASH_ATTN_VARLEN, "cudnn", _cudnn.flash_attn_varlen, platforms=("cuda",),
-                  supports=_cudnn.supports_flash_attn_varlen)
+# --- implementations ----------------------------------------------------------------------------------------
 
-# The ROCm implementation registers itself for the ops defined above (it imports this module first, so either
-# may be imported first).
-from jax_aiter.mha import _aiter  # noqa: E402,F401
+_backend.define_op(FLASH_ATTN, example=_flash_attn_example, implementations=(
+    _backend.Implementation("aiter", _aiter.flash_attn, platforms=("rocm",), library=MHA_LIBRARY,
+                            supports=_aiter.supports_flash_attn),
+    _backend.Implementation("cudnn", _cudnn.flash_attn, platforms=("cuda",), supports=_cudnn.supports_flash_attn),
+    _backend.Implementation("xla", _xla_flash_attn),
+))
+_backend.define_op(FLASH_ATTN_VARLEN, example=_flash_attn_varlen_example, implementations=(
+    _backend.Implementation("aiter", _aiter.flash_attn_varlen, platforms=("rocm",), library=MHA_LIBRARY,
+                            supports=_aiter.supports_flash_attn_varlen),
+    _backend.Implementation("cudnn", _cudnn.flash_attn_varlen, platforms=("cuda",),
+                            supports=_cudnn.supports_flash_attn_varlen),
+    _backend.Implementation("xla", _xla_flash_attn_varlen),
+))

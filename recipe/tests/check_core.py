@@ -16,7 +16,7 @@ import numpy as np
 
 import jax_aiter
 from jax_aiter import _backend, _native, rmsnorm
-from jax_aiter.ref import norm
+from jax_aiter.ref import rmsnorm as norm
 
 prefix = Path(sys.argv[1]).resolve()
 package_dir = Path(jax_aiter.__file__).resolve().parent

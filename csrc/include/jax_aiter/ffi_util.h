@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <string>
 
 #include "jax_aiter/element.h"
@@ -62,6 +63,28 @@ ffi::Error visit_float_element(ffi::DataType type, const char* what, Fn&& fn) {
       return ffi::Error::InvalidArgument(std::string(what) + " must be bfloat16, float16 or float32, got " +
                                          dtype_name(type));
   }
+}
+
+// Kernels index a row's columns and the grid's rows with 32-bit integers.
+inline constexpr int64_t kMaxRowsOrCols = std::numeric_limits<int32_t>::max();
+
+inline ffi::Error check_same_shape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const char* a_name,
+                                   const char* b_name) {
+  if (auto err = same_dtype(a, b, a_name, b_name); err.failure()) return err;
+  if (a.element_count() != b.element_count())
+    return ffi::Error::InvalidArgument(std::string(a_name) + " must have the shape of " + b_name);
+  return ffi::Error::Success();
+}
+
+inline ffi::ErrorOr<RowView> float_rows(const ffi::AnyBuffer& x, const char* what) {
+  auto rv = row_view(x, what);
+  if (rv.has_error()) return rv;
+  if (!is_float_activation(x.element_type()))
+    return ffi::Error::InvalidArgument(std::string(what) + " must be bfloat16, float16 or float32, got " +
+                                       dtype_name(x.element_type()));
+  if (rv.value().rows > kMaxRowsOrCols || rv.value().cols > kMaxRowsOrCols)
+    return ffi::Error::InvalidArgument(std::string(what) + " has more than 2^31-1 rows or columns");
+  return rv;
 }
 
 }  // namespace jax_aiter

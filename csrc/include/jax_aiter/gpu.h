@@ -1,4 +1,4 @@
-// CUDA / HIP portability for the single-source kernels in csrc/kernels and the handlers in csrc/ffi.
+// CUDA / HIP portability for the single-source kernels and handlers in csrc/gpu.
 // The same .cu file is compiled as CUDA by nvcc and as HIP by clang; everything that differs between the two
 // runtimes goes through this header: the stream and error types, the wave (warp) size, lane shuffles and
 // vectorized memory access.

@@ -1,236 +1,193 @@
-// The MXFP4 codec of docs/mxfp4.md as host + device functions, shared by the CPU cast (csrc/cpu/cast_mxfp4.cc)
-// and the GPU kernels (csrc/kernels/cast_mxfp4.cuh), so every backend produces the reference's bytes
-// (jax_aiter/ref/mxfp4.py).
+// The FFI contract of target "ja_cast_mxfp4", shared by the CPU handler (csrc/cpu/mxfp4.cc) and the GPU one
+// (csrc/gpu/mxfp4.cu): attributes, the operand binding, operand validation, and the resulting plan (what to write where). One target serves both ops of docs/mxfp4.md:
+// cast_mxfp4 asks for one copy, cast_mxfp4_dual for both; a copy that is not asked for has 0-element outputs.
 //
-// The reference decides codes in integer arithmetic on float32 bits. Here the per-element work is float math
-// where that is exact and cheaper: for a block exponent e, v = |x| * 2^-e is exact whenever it is normal, and
-// rounding to the E2M1 grid is one multiply-add that rounds at the right binade. Two places would meet
-// subnormal floats, which XLA's CPU runtime flushes (FTZ/DAZ) and GPUs do not, so both avoid them:
-// * 2^-e is normal for every finite block (e <= 126), and a v below 2^-126 encodes as 0 on either side;
-// * a subnormal input (|x| < 2^-126) only matters in a block with e <= -99: stochastic rounding can round
-//   it up once z = floor(|x| * 2^(28 - e)) >= 1 (nearest rounding needs e <= -125); such blocks take
-//   `scaled_magnitude_tiny`, which rebuilds the input's value from its integer mantissa.
-// The Hadamard butterfly flushes after every stage exactly as the reference specifies.
+// Operands: x [M, K] (bf16, fp16, fp32), sr_key uint32[2], hadamard_key uint32[2], index_offset uint32[2]
+//           (row, column) of x[0, 0] in the logical input: hashes use logical indices, so a tile or shard of
+//           a tensor quantizes exactly as the same elements of the whole tensor.
+// Results:  row_data uint8 [M, K/2], row_scales uint8 [M, K/32] (plain) or the padded shuffled shape,
+//           col_data uint8 [K, M/2], col_scales uint8 [K, M/32] or padded: the rowwise copy of x^T.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
+#include <string>
+#include <utility>
+#include <string_view>
 
-#include "jax_aiter/float_bits.h"
+#include "jax_aiter/ffi_util.h"
+#include "jax_aiter/mxfp4_codec.h"
 
-namespace jax_aiter::mxfp4 {
+namespace jax_aiter {
 
-inline constexpr int kBlock = 32;
-inline constexpr uint8_t kNanScale = 0xFF;
-inline constexpr uint32_t kRowwiseStream = 0x6A09E667u;
-inline constexpr uint32_t kColumnwiseStream = 0xBB67AE85u;
-inline constexpr uint32_t kAbsMask = 0x7FFFFFFFu;
-inline constexpr uint32_t kSignMask = 0x80000000u;
-inline constexpr uint32_t kInfBits = 0x7F800000u;
-inline constexpr uint32_t kMinNormalBits = 0x00800000u;
-// Blocks with a shared exponent at or below this can hold subnormal inputs whose code may be non-zero (see
-// the top of this file).
-inline constexpr int kTinyBlockExponent = -99;
-
-enum class ScaleRule : int { kEven = 0, kFloor = 1, kCeil = 2 };
-enum class Layout : int { kPlain = 0, kGemmA = 1, kGemmB = 2 };
-
-// --- hashing (stochastic rounding, Hadamard signs) ------------------------------------------------------
-
-// MurmurHash3's 32-bit finalizer.
-JA_HOST_DEVICE uint32_t fmix32(uint32_t h) {
-  h ^= h >> 16;
-  h *= 0x85EBCA6Bu;
-  h ^= h >> 13;
-  h *= 0xC2B2AE35u;
-  return h ^ (h >> 16);
-}
-
-// The draw for element (row, col) of the logical input is sr_finish(sr_row(key0, row), col, key1 ^ stream);
-// the first step depends on the row only, so kernels hoist it.
-JA_HOST_DEVICE uint32_t sr_row(uint32_t key0, uint32_t row) { return fmix32(row ^ key0); }
-JA_HOST_DEVICE uint32_t sr_finish(uint32_t row_hash, uint32_t col, uint32_t key1_stream) {
-  return fmix32(fmix32(row_hash ^ col) ^ key1_stream);
-}
-
-// 1 where the Hadamard sign of quantization-axis index `index` is -1.
-JA_HOST_DEVICE uint32_t hadamard_sign_bit(uint32_t key0, uint32_t key1, uint32_t index) {
-  return fmix32(fmix32(index ^ key0) ^ key1) >> 31;
-}
-
-// --- Hadamard butterfly ------------------------------------------------------------------------------
-
-JA_HOST_DEVICE float flush_subnormal(float y) {
-  const uint32_t b = float_as_bits(y);
-  return (b & kAbsMask) < kMinNormalBits ? bits_as_float(b & kSignMask) : y;
-}
-
-// One butterfly pair: (low + high, low - high), each flushed below 2^-126.
-JA_HOST_DEVICE float butterfly_sum(float low, float high) { return flush_subnormal(low + high); }
-JA_HOST_DEVICE float butterfly_difference(float low, float high) { return flush_subnormal(low - high); }
-
-// The input side of the rotation: flushed, then negated where the keyed sign is -1 (sign_bit = 1).
-JA_HOST_DEVICE float hadamard_input(float x, uint32_t sign_bit) {
-  return bits_as_float(float_as_bits(flush_subnormal(x)) ^ (sign_bit << 31));
-}
-
-// The last step: times float32(1/sqrt(size)), with |y| < 2^-123 going to a signed zero instead.
-JA_HOST_DEVICE float hadamard_output(float y, int size) {
-  const uint32_t b = float_as_bits(y);
-  const float scale = size == 16 ? 0.25f : bits_as_float(0x3E3504F3u);
-  return (b & kAbsMask) < 0x02000000u ? bits_as_float(b & kSignMask) : y * scale;
-}
-
-// In-place rotation of kSize (16 or 32) consecutive values already passed through hadamard_input.
-template <int kSize>
-JA_HOST_DEVICE void hadamard_chunk(float* y) {
-  constexpr int kStages = kSize == 16 ? 4 : 5;
-  // Stages counted linearly: loop unrollers need an affine trip count (half *= 2 is not).
-  JA_UNROLL
-  for (int stage = 0; stage < kStages; ++stage) {
-    const int half = 1 << stage;
-    JA_UNROLL
-    for (int i = 0; i < kSize; ++i) {
-      if (i & half) continue;
-      const float low = y[i];
-      const float high = y[i + half];
-      y[i] = butterfly_sum(low, high);
-      y[i + half] = butterfly_difference(low, high);
-    }
-  }
-  JA_UNROLL
-  for (int i = 0; i < kSize; ++i) y[i] = hadamard_output(y[i], kSize);
-}
-
-// --- scale -------------------------------------------------------------------------------------------
-
-// Shared exponent of a finite block from the float32 bits of its amax (|x| bits, integer max), clamped to
-// [-127, 127]; an all-zero block gets -127 (scale byte 0). Every rule is floor(log2) - 2 of amax rounded up
-// at some mantissa position first: "even" adds 0x200000 (significand >= 1.75 moves up), "floor" nothing,
-// "ceil" 0x3FFFFF (any significand above 1.5 moves up: then |x| / 2^e would exceed 6).
-JA_HOST_DEVICE uint32_t scale_bias(ScaleRule rule) {
-  return rule == ScaleRule::kEven ? 0x200000u : (rule == ScaleRule::kFloor ? 0u : 0x3FFFFFu);
-}
-
-JA_HOST_DEVICE int scale_exponent(uint32_t amax, ScaleRule rule) {
-  const int e = static_cast<int>((amax + scale_bias(rule)) >> 23) - 129;
-  return e < -127 ? -127 : (e > 127 ? 127 : e);
-}
-
-JA_HOST_DEVICE uint8_t scale_byte(uint32_t amax, int e) {
-  return amax >= kInfBits ? kNanScale : static_cast<uint8_t>(e + 127);
-}
-
-// 2^n as a float for n in [-126, 127] (always a normal number).
-JA_HOST_DEVICE float pow2(int n) { return bits_as_float(static_cast<uint32_t>(n + 127) << 23); }
-
-// --- elements ----------------------------------------------------------------------------------------
-
-// v = |x| / 2^e from the magnitude bits; `inv_scale` = pow2(-e). Exact when v is normal; below 2^-126 the
-// result may differ from the exact value, but every such v encodes as 0 (z = floor(v * 2^28) = 0 as well).
-// A flushed subnormal input matters only in tiny blocks, which use scaled_magnitude_tiny.
-JA_HOST_DEVICE float scaled_magnitude(uint32_t magnitude, float inv_scale) {
-  return bits_as_float(magnitude) * inv_scale;
-}
-
-// The same for blocks with e <= kTinyBlockExponent, where subnormal inputs matter: a subnormal's value is
-// mantissa * 2^-149, and the mantissa is recovered exactly as (2^23 + mantissa) - 2^23 in normal floats.
-JA_HOST_DEVICE float scaled_magnitude_tiny(uint32_t magnitude, int e) {
-  if (magnitude >= kMinNormalBits) return bits_as_float(magnitude) * pow2(-e);
-  const float mantissa = bits_as_float(magnitude | 0x4B000000u) - 8388608.f;
-  return mantissa * pow2(-149 - e);
-}
-
-// E2M1 magnitude code (0..7) of v in [0, 8) rounded to nearest, ties to the even code. Below 2 the grid step
-// is 0.5, in [2, 4) it is 1, from 4 it is 2: scaling by 1/step puts the grid on the integers, and adding
-// 2^23 + (first code of the binade - its first grid index) rounds once (ties to even) into the low bits.
-JA_HOST_DEVICE uint32_t round_nearest(float v) {
-  const float multiplier = v >= 4.f ? 0.5f : (v >= 2.f ? 1.f : 2.f);
-  const float magic = v >= 4.f ? 8388612.f : (v >= 2.f ? 8388610.f : 8388608.f);
-  const uint32_t code = float_as_bits(v * multiplier + magic) - 0x4B000000u;
-  return code > 7u ? 7u : code;
-}
-
-// Stochastic rounding as the reference: z = floor(v * 2^28); adding a draw below one grid step and truncating
-// rounds up with probability equal to the distance past the lower neighbour.
-JA_HOST_DEVICE uint32_t round_stochastic(float v, uint32_t draw) {
-  const uint32_t z = static_cast<uint32_t>(v * 268435456.f);
-  const uint32_t region = (z >= (1u << 29) ? 1u : 0u) + (z >= (1u << 30) ? 1u : 0u);
-  const uint32_t step = (z + (draw >> (5 - region))) >> (27 + region);
-  const uint32_t code = step + 2 * region;
-  return code > 7u ? 7u : code;
-}
-
-// Sign bit 3 from the input's float32 bits, except that a zero code stays +0: code + 7 has bit 3 set
-// exactly for codes 1..7.
-JA_HOST_DEVICE uint32_t signed_code(uint32_t code, uint32_t bits) {
-  return code | ((bits >> 28) & (code + 7u) & 8u);
-}
-
-// --- blocks ------------------------------------------------------------------------------------------
-
-struct BlockScale {
-  int e;            // shared exponent
-  float inv_scale;  // 2^-e
-  bool finite;      // false: scale byte 0xFF, every code 0
-  bool tiny;        // e <= kTinyBlockExponent: elements go through scaled_magnitude_tiny
-  uint8_t byte;     // the E8M0 scale byte
+struct CastMxfp4Attrs {
+  bool rowwise;
+  bool columnwise;
+  std::string_view scale_rule;
+  bool stochastic;
+  int32_t hadamard_rowwise;
+  int32_t hadamard_columnwise;
+  bool hadamard_signs;
+  std::string_view layout_rowwise;
+  std::string_view layout_columnwise;
 };
 
-// amax: the largest |x| bit pattern of the block (integer max, so NaN counts as larger than Inf).
-JA_HOST_DEVICE BlockScale block_scale(uint32_t amax, ScaleRule rule) {
-  BlockScale s;
-  s.e = scale_exponent(amax, rule);
-  s.finite = amax < kInfBits;
-  s.tiny = s.e <= kTinyBlockExponent;
-  s.inv_scale = pow2(s.e > 126 ? -126 : -s.e);  // e = 127 needs amax >= 2^129: never finite
-  s.byte = scale_byte(amax, s.e);
-  return s;
+}  // namespace jax_aiter
+
+XLA_FFI_REGISTER_STRUCT_ATTR_DECODING(jax_aiter::CastMxfp4Attrs,
+                                      xla::ffi::StructMember<bool>("rowwise"),
+                                      xla::ffi::StructMember<bool>("columnwise"),
+                                      xla::ffi::StructMember<std::string_view>("scale_rule"),
+                                      xla::ffi::StructMember<bool>("stochastic"),
+                                      xla::ffi::StructMember<int32_t>("hadamard_rowwise"),
+                                      xla::ffi::StructMember<int32_t>("hadamard_columnwise"),
+                                      xla::ffi::StructMember<bool>("hadamard_signs"),
+                                      xla::ffi::StructMember<std::string_view>("layout_rowwise"),
+                                      xla::ffi::StructMember<std::string_view>("layout_columnwise"));
+
+namespace jax_aiter {
+
+// The binding takes the platform's context (none on the CPU, the stream on a GPU) already bound.
+template <typename Binding>
+auto bind_cast_mxfp4(Binding&& binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::U32>>()
+      .template Arg<ffi::Buffer<ffi::U32>>()
+      .template Arg<ffi::Buffer<ffi::U32>>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attrs<CastMxfp4Attrs>();
 }
 
-// The 4-bit code of one element x of a finite, not tiny block, rounded to nearest (the kernels' common case).
-JA_HOST_DEVICE uint32_t encode_nearest(float x, float inv_scale) {
-  return signed_code(round_nearest(fabsf(x) * inv_scale), float_as_bits(x));
+// One output copy: the rowwise quantization of the view [rows, cols] (x, or x^T for the columnwise copy).
+struct Mxfp4CopyPlan {
+  bool enabled = false;
+  int hadamard = 0;  // 0, 16 or 32
+  mxfp4::Layout layout = mxfp4::Layout::kPlain;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  uint8_t* data = nullptr;
+  uint8_t* scales = nullptr;
+  int64_t scale_bytes = 0;  // allocated, padding included
+  bool padded = false;      // the allocated scales hold zero padding beyond rows x cols/32
+};
+
+struct Mxfp4CastPlan {
+  int64_t m = 0;
+  int64_t k = 0;
+  ffi::DataType dtype = ffi::DataType::INVALID;
+  const void* x = nullptr;
+  const uint32_t* sr_key = nullptr;        // host memory for the CPU handler, device memory for the GPU one
+  const uint32_t* hadamard_key = nullptr;  // likewise
+  const uint32_t* index_offset = nullptr;  // likewise
+  mxfp4::ScaleRule rule = mxfp4::ScaleRule::kEven;
+  bool stochastic = false;
+  bool hadamard_signs = false;
+  Mxfp4CopyPlan row;
+  Mxfp4CopyPlan col;
+};
+
+namespace cast_mxfp4_detail {
+
+inline ffi::Error invalid(const std::string& message) { return ffi::Error::InvalidArgument("cast_mxfp4: " + message); }
+
+inline bool parse_layout(std::string_view name, mxfp4::Layout* layout) {
+  if (name == "plain") *layout = mxfp4::Layout::kPlain;
+  else if (name == "gemm_a") *layout = mxfp4::Layout::kGemmA;
+  else if (name == "gemm_b") *layout = mxfp4::Layout::kGemmB;
+  else return false;
+  return true;
 }
 
-// The 4-bit code of one element of a finite block, from its float32 bits. kTiny must be s.tiny; it is a
-// template argument so that the common case carries no per-element branch.
-template <bool kTiny>
-JA_HOST_DEVICE uint32_t encode(uint32_t bits, const BlockScale& s, bool stochastic, uint32_t draw) {
-  const uint32_t magnitude = bits & kAbsMask;
-  const float v = kTiny ? scaled_magnitude_tiny(magnitude, s.e) : scaled_magnitude(magnitude, s.inv_scale);
-  return signed_code(stochastic ? round_stochastic(v, draw) : round_nearest(v), bits);
+inline bool has_shape(const ffi::AnyBuffer& b, int64_t rows, int64_t cols) {
+  auto dims = b.dimensions();
+  return dims.size() == 2 && dims[0] == rows && dims[1] == cols;
 }
 
-// --- AITER layouts -----------------------------------------------------------------------------------
-
-// Byte offset of packed byte (row, col) of a [rows, cols] fp4x2 matrix in the (16, 16) shuffled layout:
-// view (rows/16, 16, cols/32, 2, 16), transposed to (0, 2, 3, 1, 4). Needs rows % 16 == 0 and cols % 32 == 0;
-// 16-byte runs of a row (col % 16 == 0) stay contiguous.
-JA_HOST_DEVICE int64_t shuffled_data_offset(int64_t row, int64_t col, int64_t cols) {
-  const int64_t r0 = row >> 4, r1 = row & 15;
-  const int64_t c0 = col >> 5, c1 = (col >> 4) & 1, c2 = col & 15;
-  return (((r0 * (cols >> 5) + c0) * 2 + c1) * 16 + r1) * 16 + c2;
+inline ffi::Error plan_copy(const char* which, bool enabled, int32_t hadamard, std::string_view layout_name,
+                            int64_t rows, int64_t cols, ffi::AnyBuffer& data, ffi::AnyBuffer& scales,
+                            Mxfp4CopyPlan* copy) {
+  const std::string name(which);
+  if (!enabled) {
+    if (data.element_count() != 0 || scales.element_count() != 0)
+      return invalid(name + " copy is not requested, so its outputs must have 0 elements");
+    return ffi::Error::Success();
+  }
+  copy->enabled = true;
+  if (hadamard != 0 && hadamard != 16 && hadamard != 32)
+    return invalid("hadamard_" + name + " must be 0, 16 or 32, got " + std::to_string(hadamard));
+  copy->hadamard = hadamard;
+  if (!parse_layout(layout_name, &copy->layout))
+    return invalid("layout_" + name + " must be plain, gemm_a or gemm_b, got " + std::string(layout_name));
+  if (cols % mxfp4::kBlock != 0)
+    return invalid("the " + name + " copy quantizes along an axis of length " + std::to_string(cols) +
+                   ", which is not a multiple of 32");
+  if (copy->layout == mxfp4::Layout::kGemmB && (rows % 16 != 0 || cols % 64 != 0))
+    return invalid("layout gemm_b of the " + name + " copy needs rows % 16 == 0 and a quantization axis % 64 == 0");
+  if (data.element_type() != ffi::DataType::U8 || scales.element_type() != ffi::DataType::U8)
+    return invalid(name + " outputs must be uint8");
+  const int64_t scale_cols = cols / mxfp4::kBlock;
+  int64_t scale_rows_alloc = rows, scale_cols_alloc = scale_cols;
+  if (copy->layout != mxfp4::Layout::kPlain) {
+    scale_rows_alloc = mxfp4::padded_scale_rows(rows);
+    scale_cols_alloc = mxfp4::padded_scale_cols(scale_cols);
+  }
+  if (!has_shape(data, rows, cols / 2)) return invalid(name + " data must have shape [rows, cols/2] of its view");
+  if (!has_shape(scales, scale_rows_alloc, scale_cols_alloc))
+    return invalid(name + " scales must have shape [" + std::to_string(scale_rows_alloc) + ", " +
+                   std::to_string(scale_cols_alloc) + "]");
+  copy->rows = rows;
+  copy->cols = cols;
+  copy->data = data.typed_data<uint8_t>();
+  copy->scales = scales.typed_data<uint8_t>();
+  copy->scale_bytes = scale_rows_alloc * scale_cols_alloc;
+  copy->padded = copy->scale_bytes != rows * scale_cols;
+  return ffi::Error::Success();
 }
 
-// Padded scale matrix of a [rows, cols] scale matrix: (ceil(rows/256)*256, ceil(cols/8)*8).
-JA_HOST_DEVICE int64_t padded_scale_rows(int64_t rows) { return (rows + 255) / 256 * 256; }
-JA_HOST_DEVICE int64_t padded_scale_cols(int64_t cols) { return (cols + 7) / 8 * 8; }
+}  // namespace cast_mxfp4_detail
 
-// Offset of scale (row, col) in the shuffled padded layout: view (Rp/32, 2, 16, Sp/8, 2, 4), transposed to
-// (0, 3, 5, 2, 4, 1).
-JA_HOST_DEVICE int64_t shuffled_scale_offset(int64_t row, int64_t col, int64_t padded_cols) {
-  const int64_t a = row >> 5, b = (row >> 4) & 1, c = row & 15;
-  const int64_t d = col >> 3, e = (col >> 2) & 1, f = col & 3;
-  return ((((a * (padded_cols >> 3) + d) * 4 + f) * 16 + c) * 2 + e) * 2 + b;
+inline ffi::ErrorOr<Mxfp4CastPlan> plan_cast_mxfp4(const ffi::AnyBuffer& x, const ffi::Buffer<ffi::U32>& sr_key,
+                                                   const ffi::Buffer<ffi::U32>& hadamard_key,
+                                                   const ffi::Buffer<ffi::U32>& index_offset,
+                                                   ffi::AnyBuffer& row_data, ffi::AnyBuffer& row_scales,
+                                                   ffi::AnyBuffer& col_data, ffi::AnyBuffer& col_scales,
+                                                   const CastMxfp4Attrs& attrs) {
+  using cast_mxfp4_detail::invalid;
+  Mxfp4CastPlan plan;
+  auto dims = x.dimensions();
+  if (dims.size() != 2) return invalid("x must be 2-D");
+  if (!is_float_activation(x.element_type()))
+    return invalid(std::string("x must be bfloat16, float16 or float32, got ") + dtype_name(x.element_type()));
+  plan.m = dims[0];
+  plan.k = dims[1];
+  if (plan.m > (int64_t{1} << 31) || plan.k > (int64_t{1} << 31))
+    return invalid("x has more than 2^31 rows or columns");
+  plan.dtype = x.element_type();
+  plan.x = x.untyped_data();
+  if (sr_key.element_count() != 2 || hadamard_key.element_count() != 2 || index_offset.element_count() != 2)
+    return invalid("sr_key, hadamard_key and index_offset must be uint32[2]");
+  plan.sr_key = sr_key.typed_data();
+  plan.hadamard_key = hadamard_key.typed_data();
+  plan.index_offset = index_offset.typed_data();
+  if (attrs.scale_rule == "even") plan.rule = mxfp4::ScaleRule::kEven;
+  else if (attrs.scale_rule == "floor") plan.rule = mxfp4::ScaleRule::kFloor;
+  else if (attrs.scale_rule == "ceil") plan.rule = mxfp4::ScaleRule::kCeil;
+  else return invalid("scale_rule must be even, floor or ceil, got " + std::string(attrs.scale_rule));
+  plan.stochastic = attrs.stochastic;
+  plan.hadamard_signs = attrs.hadamard_signs;
+  if (!attrs.rowwise && !attrs.columnwise) return invalid("at least one of rowwise and columnwise must be requested");
+  if (auto err = cast_mxfp4_detail::plan_copy("rowwise", attrs.rowwise, attrs.hadamard_rowwise, attrs.layout_rowwise,
+                                              plan.m, plan.k, row_data, row_scales, &plan.row);
+      err.failure())
+    return err;
+  if (auto err = cast_mxfp4_detail::plan_copy("columnwise", attrs.columnwise, attrs.hadamard_columnwise,
+                                              attrs.layout_columnwise, plan.k, plan.m, col_data, col_scales,
+                                              &plan.col);
+      err.failure())
+    return err;
+  return plan;
 }
 
-JA_HOST_DEVICE int64_t scale_offset(Layout layout, int64_t row, int64_t col, int64_t cols) {
-  return layout == Layout::kPlain ? row * cols + col : shuffled_scale_offset(row, col, padded_scale_cols(cols));
-}
-
-JA_HOST_DEVICE int64_t data_offset(Layout layout, int64_t row, int64_t col, int64_t cols) {
-  return layout == Layout::kGemmB ? shuffled_data_offset(row, col, cols) : row * cols + col;
-}
-
-}  // namespace jax_aiter::mxfp4
+}  // namespace jax_aiter

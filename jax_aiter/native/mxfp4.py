@@ -1,11 +1,11 @@
-"""The ``native`` implementations of the MXFP4 cast ops: this project's kernels (CPU C++, CUDA and HIP from one
-source) behind FFI target ``ja_cast_mxfp4``, byte-for-byte equal to ``jax_aiter.ref.mxfp4``.
+"""The MXFP4 cast ops as this project's kernels (csrc/cpu/mxfp4.cc, csrc/gpu/mxfp4.cu) behind FFI target
+``ja_cast_mxfp4``, byte-for-byte equal to ``jax_aiter.ref.mxfp4``.
 
-``jax_aiter.gemm_fp4`` defines the ops and checks every argument before dispatch; this module registers the
-kernels under the same op signature. One FFI target serves both ops: ``cast_mxfp4`` asks for one copy,
+``jax_aiter.gemm_fp4`` declares the ops and checks every argument before dispatch; these functions take the op
+signature. One FFI target serves both ops: ``cast_mxfp4`` asks for one copy,
 ``cast_mxfp4_dual`` for both, and a copy that is not asked for gets 0-element outputs. The kernels accept every
 shape the public functions accept (the quantization axis a multiple of 32, ``gemm_b`` tiles whole); the
-operand contract is in ``csrc/include/jax_aiter/cast_mxfp4_ffi.h``.
+operand contract is in ``csrc/include/jax_aiter/mxfp4.h``.
 """
 
 from __future__ import annotations
@@ -14,10 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jax_aiter import _backend
 from jax_aiter.ref import mxfp4 as ref
-
-__all__: list[str] = []
 
 _TARGET = "ja_cast_mxfp4"
 _NO_COPY = (jax.ShapeDtypeStruct((0, 0), jnp.uint8), jax.ShapeDtypeStruct((0, 0), jnp.uint8))
@@ -58,6 +55,3 @@ def cast_mxfp4_dual(x, sr_key, hadamard_key, index_offset, *, scale_rule: str, s
                  stochastic=stochastic, hadamard_rowwise=hadamard_rowwise, hadamard_columnwise=hadamard_columnwise,
                  hadamard_signs=hadamard_signs, layout_rowwise=layout_rowwise, layout_columnwise=layout_columnwise)
 
-
-_backend.register("cast_mxfp4", "native", cast_mxfp4, library=_backend.NATIVE_LIBRARIES)
-_backend.register("cast_mxfp4_dual", "native", cast_mxfp4_dual, library=_backend.NATIVE_LIBRARIES)

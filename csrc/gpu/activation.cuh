@@ -1,6 +1,6 @@
 // SiLU-and-mul on the GPU (CUDA and HIP from this one source). x = [gate | up] along the last axis:
 // forward out = silu(gate) * up; backward d_gate = dout * up * s * (1 + gate * (1 - s)), d_up = dout * gate * s
-// with s = sigmoid(gate). Float32 math, as csrc/cpu/silu_and_mul.cc.
+// with s = sigmoid(gate). Float32 math, as csrc/cpu/activation.cc.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // RMSNorm on the GPU (CUDA and HIP from this one source): forward, optionally with the residual add fused in
 // front, and backward (dx, and dgamma through per-block partial sums reduced by a second kernel).
-// Numerics follow csrc/cpu/rms_norm.cc and jax_aiter/ref/norm.py: float32 math, y = (x * inv_rms) * gamma.
+// Numerics follow csrc/cpu/rmsnorm.cc and jax_aiter/ref/rmsnorm.py: float32 math, y = (x * inv_rms) * gamma.
 #pragma once
 
 #include <cstdint>

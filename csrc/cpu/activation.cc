@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "jax_aiter/element.h"
-#include "jax_aiter/op_checks.h"
+#include "jax_aiter/activation.h"
 
 namespace jax_aiter {
 namespace {
@@ -69,10 +69,7 @@ ffi::Error SiluAndMulBackward(ffi::AnyBuffer dout, ffi::AnyBuffer x, ffi::Result
 }  // namespace jax_aiter
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaSiluAndMulFwdCpu, jax_aiter::SiluAndMulForward,
-                              xla::ffi::Ffi::Bind().Arg<xla::ffi::AnyBuffer>().Ret<xla::ffi::AnyBuffer>());
+                              jax_aiter::bind_silu_and_mul_forward(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaSiluAndMulBwdCpu, jax_aiter::SiluAndMulBackward,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>());
+                              jax_aiter::bind_silu_and_mul_backward(xla::ffi::Ffi::Bind()));

@@ -1,10 +1,9 @@
-// MXFP4 casts on the CPU (target ja_cast_mxfp4, contract in csrc/include/jax_aiter/cast_mxfp4_ffi.h): the
-// rowwise copy of x and/or of x^T, block by block through the shared codec (jax_aiter/mxfp4.h).
+// MXFP4 casts on the CPU (target ja_cast_mxfp4, contract in csrc/include/jax_aiter/mxfp4.h): the
+// rowwise copy of x and/or of x^T, block by block through the shared codec (jax_aiter/mxfp4_codec.h).
 
 #include <cstdint>
 #include <cstring>
 
-#include "jax_aiter/cast_mxfp4_ffi.h"
 #include "jax_aiter/element.h"
 #include "jax_aiter/mxfp4.h"
 
@@ -96,13 +95,4 @@ ffi::Error CastMxfp4(ffi::AnyBuffer x, ffi::Buffer<ffi::U32> sr_key, ffi::Buffer
 }  // namespace jax_aiter
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaCastMxfp4Cpu, jax_aiter::CastMxfp4,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attrs<jax_aiter::CastMxfp4Attrs>());
+                              jax_aiter::bind_cast_mxfp4(xla::ffi::Ffi::Bind()));

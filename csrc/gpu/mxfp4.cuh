@@ -1,5 +1,5 @@
 // MXFP4 casts on the GPU (CUDA and HIP from this one source): the rowwise copy of x [M, K] and/or of x^T,
-// reading x once for both. Numerics: the shared codec (jax_aiter/mxfp4.h), bit-exact with the reference.
+// reading x once for both. Numerics: the shared codec (jax_aiter/mxfp4_codec.h), bit-exact with the reference.
 //
 // A block of 256 threads owns a tile of 64 rows x 512 bytes of x (256 bf16/fp16 or 128 fp32 columns).
 // * Load: each thread loads 8 chunks of 16 bytes, 32 consecutive threads one tile row (fully coalesced).
@@ -19,7 +19,7 @@
 
 #include "jax_aiter/element.h"
 #include "jax_aiter/gpu.h"
-#include "jax_aiter/mxfp4.h"
+#include "jax_aiter/mxfp4_codec.h"
 
 namespace jax_aiter::kernels {
 

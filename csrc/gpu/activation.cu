@@ -1,10 +1,11 @@
-// SiLU-and-mul FFI handlers for CUDA and HIP (kernels in csrc/kernels/silu_and_mul.cuh). Same targets,
-// operands and validation as the CPU handlers in csrc/cpu/silu_and_mul.cc.
+// SiLU-and-mul FFI handlers for CUDA and HIP (kernels in activation.cuh). Same targets,
+// operands and validation as the CPU handlers in csrc/cpu/activation.cc.
 
 #include <limits>
 
-#include "../kernels/silu_and_mul.cuh"
+#include "activation.cuh"
 #include "gpu_ffi.h"
+#include "jax_aiter/activation.h"
 
 namespace jax_aiter {
 namespace {
@@ -48,14 +49,7 @@ ffi::Error SiluAndMulBackward(gpu::Stream stream, ffi::AnyBuffer dout, ffi::AnyB
 }  // namespace jax_aiter
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaSiluAndMulFwdGpu, jax_aiter::SiluAndMulForward,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>());
+                              jax_aiter::bind_silu_and_mul_forward(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaSiluAndMulBwdGpu, jax_aiter::SiluAndMulBackward,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>());
+                              jax_aiter::bind_silu_and_mul_backward(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()));

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "jax_aiter/gpu.h"
-#include "jax_aiter/op_checks.h"
+#include "jax_aiter/ffi_util.h"
 
 namespace jax_aiter {
 

@@ -1,36 +1,52 @@
-// Operand validation shared by the CPU and GPU handlers of the norm and activation ops, so every platform
-// rejects the same calls with the same messages (as ffi::Error, never an abort). The Python wrappers check
-// first; these checks guard the FFI boundary against direct ffi_call use.
+// The FFI contract of the RMSNorm targets, shared by the CPU handlers (csrc/cpu/rmsnorm.cc) and the GPU ones
+// (csrc/gpu/rmsnorm.cu): each target's operand binding, and the operand validation, so every platform accepts the
+// same operands and rejects the same calls with the same messages (as ffi::Error, never an abort). The Python
+// wrappers check first; these checks guard the FFI boundary against direct ffi_call use.
+//
+//   ja_rms_norm_fwd      x, gamma; epsilon               -> y, inv_rms (f32, one per row)
+//   ja_add_rms_norm_fwd  x, residual, gamma; epsilon     -> y, sum (= x + residual), inv_rms
+//   ja_rms_norm_bwd      dy, x, gamma, inv_rms, d_sum     -> dx, dgamma, dgamma_partial (GPU workspace)
 #pragma once
 
 #include <cstdint>
-#include <limits>
 #include <string>
+#include <utility>
 
 #include "jax_aiter/ffi_util.h"
 
 namespace jax_aiter {
 
-// Kernels index a row's columns and the grid's rows with 32-bit integers.
-inline constexpr int64_t kMaxRowsOrCols = std::numeric_limits<int32_t>::max();
-
-inline ffi::Error check_same_shape(const ffi::AnyBuffer& a, const ffi::AnyBuffer& b, const char* a_name,
-                                   const char* b_name) {
-  if (auto err = same_dtype(a, b, a_name, b_name); err.failure()) return err;
-  if (a.element_count() != b.element_count())
-    return ffi::Error::InvalidArgument(std::string(a_name) + " must have the shape of " + b_name);
-  return ffi::Error::Success();
+// Bindings take the platform's context (none on the CPU, the stream on a GPU) already bound.
+template <typename Binding>
+auto bind_rms_norm_forward(Binding&& binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Attr<float>("epsilon")
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::F32>>();
 }
 
-inline ffi::ErrorOr<RowView> float_rows(const ffi::AnyBuffer& x, const char* what) {
-  auto rv = row_view(x, what);
-  if (rv.has_error()) return rv;
-  if (!is_float_activation(x.element_type()))
-    return ffi::Error::InvalidArgument(std::string(what) + " must be bfloat16, float16 or float32, got " +
-                                       dtype_name(x.element_type()));
-  if (rv.value().rows > kMaxRowsOrCols || rv.value().cols > kMaxRowsOrCols)
-    return ffi::Error::InvalidArgument(std::string(what) + " has more than 2^31-1 rows or columns");
-  return rv;
+template <typename Binding>
+auto bind_add_rms_norm_forward(Binding&& binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Attr<float>("epsilon")
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::F32>>();
+}
+
+template <typename Binding>
+auto bind_rms_norm_backward(Binding&& binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::Buffer<ffi::F32>>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Ret<ffi::Buffer<ffi::F32>>();
 }
 
 inline ffi::ErrorOr<RowView> check_norm_input(const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
@@ -79,18 +95,6 @@ inline ffi::ErrorOr<RowView> check_rms_norm_backward(const ffi::AnyBuffer& dy, c
   const int64_t rows = rv.value().rows;
   if (partial.size() != 2 || partial[1] != rv.value().cols || partial[0] > rows || (partial[0] == 0 && rows != 0))
     return ffi::Error::InvalidArgument("dgamma_partial must be [blocks, cols] float32 with 1 <= blocks <= rows");
-  return rv;
-}
-
-// x = [gate | up]: rows of 2 * half elements. `half_sized` is the forward output or the backward's dout.
-inline ffi::ErrorOr<RowView> check_silu_and_mul(const ffi::AnyBuffer& x, const ffi::AnyBuffer& half_sized,
-                                                const char* half_name) {
-  auto rv = float_rows(x, "x");
-  if (rv.has_error()) return rv;
-  if (rv.value().cols % 2 != 0) return ffi::Error::InvalidArgument("x's last dimension must be even ([gate | up])");
-  if (auto err = same_dtype(half_sized, x, half_name, "x"); err.failure()) return err;
-  if (half_sized.element_count() * 2 != x.element_count())
-    return ffi::Error::InvalidArgument(std::string(half_name) + " must have half of x's last dimension");
   return rv;
 }
 

@@ -1,8 +1,9 @@
-// RMSNorm FFI handlers for CUDA and HIP (kernels in csrc/kernels/rms_norm.cuh). Same targets, operands and
-// validation as the CPU handlers in csrc/cpu/rms_norm.cc.
+// RMSNorm FFI handlers for CUDA and HIP (kernels in rmsnorm.cuh). Same targets, operands and
+// validation as the CPU handlers in csrc/cpu/rmsnorm.cc.
 
-#include "../kernels/rms_norm.cuh"
 #include "gpu_ffi.h"
+#include "jax_aiter/rmsnorm.h"
+#include "rmsnorm.cuh"
 
 namespace jax_aiter {
 namespace {
@@ -77,34 +78,10 @@ ffi::Error RmsNormBackward(gpu::Stream stream, int32_t device, ffi::AnyBuffer dy
 }  // namespace jax_aiter
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaRmsNormFwdGpu, jax_aiter::RmsNormForward,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Attr<float>("epsilon")
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+                              jax_aiter::bind_rms_norm_forward(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaAddRmsNormFwdGpu, jax_aiter::AddRmsNormForward,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Attr<float>("epsilon")
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+                              jax_aiter::bind_add_rms_norm_forward(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaRmsNormBwdGpu, jax_aiter::RmsNormBackward,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()
-                                  .Ctx<xla::ffi::DeviceOrdinal>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+                              jax_aiter::bind_rms_norm_backward(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>().Ctx<xla::ffi::DeviceOrdinal>()));

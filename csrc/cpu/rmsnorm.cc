@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "jax_aiter/element.h"
-#include "jax_aiter/op_checks.h"
+#include "jax_aiter/rmsnorm.h"
 
 namespace jax_aiter {
 namespace {
@@ -110,30 +110,10 @@ ffi::Error RmsNormBackward(ffi::AnyBuffer dy, ffi::AnyBuffer x, ffi::AnyBuffer g
 }  // namespace jax_aiter
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaRmsNormFwdCpu, jax_aiter::RmsNormForward,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Attr<float>("epsilon")
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+                              jax_aiter::bind_rms_norm_forward(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaAddRmsNormFwdCpu, jax_aiter::AddRmsNormForward,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Attr<float>("epsilon")
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+                              jax_aiter::bind_add_rms_norm_forward(xla::ffi::Ffi::Bind()));
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaRmsNormBwdCpu, jax_aiter::RmsNormBackward,
-                              xla::ffi::Ffi::Bind()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::F32>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::Buffer<xla::ffi::F32>>());
+                              jax_aiter::bind_rms_norm_backward(xla::ffi::Ffi::Bind()));

@@ -1,11 +1,11 @@
-// MXFP4 cast FFI handler for CUDA and HIP (kernel in csrc/kernels/cast_mxfp4.cuh). Same target, operands and
-// validation as the CPU handler (csrc/cpu/cast_mxfp4.cc); the contract is in jax_aiter/cast_mxfp4_ffi.h.
+// MXFP4 cast FFI handler for CUDA and HIP (kernel in mxfp4.cuh). Same target, operands and
+// validation as the CPU handler (csrc/cpu/mxfp4.cc); the contract is in jax_aiter/mxfp4.h.
 
 #include <limits>
 
-#include "../kernels/cast_mxfp4.cuh"
 #include "gpu_ffi.h"
-#include "jax_aiter/cast_mxfp4_ffi.h"
+#include "jax_aiter/mxfp4.h"
+#include "mxfp4.cuh"
 
 namespace jax_aiter {
 namespace {
@@ -58,14 +58,4 @@ ffi::Error CastMxfp4(gpu::Stream stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U32>
 }  // namespace jax_aiter
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaCastMxfp4Gpu, jax_aiter::CastMxfp4,
-                              xla::ffi::Ffi::Bind()
-                                  .Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()
-                                  .Arg<xla::ffi::AnyBuffer>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
-                                  .Arg<xla::ffi::Buffer<xla::ffi::U32>>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Ret<xla::ffi::AnyBuffer>()
-                                  .Attrs<jax_aiter::CastMxfp4Attrs>());
+                              jax_aiter::bind_cast_mxfp4(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()));

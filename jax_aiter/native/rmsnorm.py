@@ -1,0 +1,92 @@
+"""``rms_norm`` and ``rms_norm_with_add`` as this project's kernels (csrc/cpu/rmsnorm.cc, csrc/gpu/rmsnorm.cu;
+contract csrc/include/jax_aiter/rmsnorm.h): forward and backward, float32 math. The forward saves ``1/rms`` per
+row for the backward.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# The GPU backward sums dgamma per thread block into a [blocks, cols] float32 workspace, then across blocks:
+# at most this many blocks (one resident wave on an H200 or MI300), so the workspace stays a few percent of the
+# traffic. XLA allocates it as a third output; the CPU kernel does not use it.
+DGAMMA_MAX_BLOCKS = 512
+
+
+def _forward_call(x, gamma, epsilon):
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32))
+    return jax.ffi.ffi_call("ja_rms_norm_fwd", out, vmap_method="sequential")(x, gamma, epsilon=np.float32(epsilon))
+
+
+def _add_forward_call(x, residual, gamma, epsilon):
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype),
+           jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32))
+    return jax.ffi.ffi_call("ja_add_rms_norm_fwd", out, vmap_method="sequential")(
+        x, residual, gamma, epsilon=np.float32(epsilon))
+
+
+def _backward_call(dy, x, gamma, inv_rms, d_sum):
+    rows = math.prod(x.shape[:-1])
+    out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(gamma.shape, gamma.dtype),
+           jax.ShapeDtypeStruct((min(rows, DGAMMA_MAX_BLOCKS), x.shape[-1]), jnp.float32))
+    dx, dgamma, _ = jax.ffi.ffi_call("ja_rms_norm_bwd", out, vmap_method="sequential")(dy, x, gamma, inv_rms, d_sum)
+    return dx, dgamma
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _rms_norm(x, gamma, epsilon):
+    return _forward_call(x, gamma, epsilon)[0]
+
+
+def _rms_norm_fwd(x, gamma, epsilon):
+    y, inv_rms = _forward_call(x, gamma, epsilon)
+    return y, (x, gamma, inv_rms)
+
+
+def _rms_norm_bwd(epsilon, residuals, dy):
+    x, gamma, inv_rms = residuals
+    return _backward_call(dy, x, gamma, inv_rms, jnp.zeros((0,), x.dtype))
+
+
+_rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _rms_norm_with_add(x, residual, gamma, epsilon):
+    y, total, _ = _add_forward_call(x, residual, gamma, epsilon)
+    return y, total
+
+
+def _rms_norm_with_add_fwd(x, residual, gamma, epsilon):
+    y, total, inv_rms = _add_forward_call(x, residual, gamma, epsilon)
+    return (y, total), (total, gamma, inv_rms)
+
+
+def _rms_norm_with_add_bwd(epsilon, residuals, cotangents):
+    total, gamma, inv_rms = residuals
+    dy, d_total = cotangents
+    dx, dgamma = _backward_call(dy, total, gamma, inv_rms, d_total)
+    return dx, dx, dgamma
+
+
+_rms_norm_with_add.defvjp(_rms_norm_with_add_fwd, _rms_norm_with_add_bwd)
+
+
+def rms_norm(x, gamma, *, epsilon):
+    return _rms_norm(x, gamma, epsilon)
+
+
+def rms_norm_with_add(x, residual, gamma, *, epsilon):
+    return _rms_norm_with_add(x, residual, gamma, epsilon)
+
+
+def supports(x, *rest, epsilon) -> str | None:
+    gamma = rest[-1]
+    if np.dtype(gamma.dtype) != np.dtype(x.dtype):
+        return f"gamma dtype {np.dtype(gamma.dtype)} differs from x dtype {np.dtype(x.dtype)}"
+    return None
