@@ -152,11 +152,22 @@ class Split:
 UNSPLIT = Split({}, {})
 
 
-def _dim_axes(sharding: Any, shape: tuple[int, ...], mesh: Mesh) -> tuple[tuple[str, ...], ...]:
-    """The mesh axes (major first) that split each dimension of an array placed by ``sharding``, read from the
-    devices' blocks. A dimension divided in a way whole mesh axes cannot name (over part of an axis, as Shardy
-    may propagate for blocks that straddle shards, or in another device order) reads as undivided: the op then
-    asks for it whole."""
+def mesh_axes_of_dims(sharding: Any, shape: tuple[int, ...], mesh: Mesh) -> tuple[tuple[str, ...], ...]:
+    """For each dimension of an array of ``shape`` placed by ``sharding``: the axes of ``mesh`` that split it,
+    major first, or ``()`` when it is not split in a way whole mesh axes can name.
+
+    The shardings that reach a custom partitioning rule are not decoded (a sharding over part of a mesh axis
+    cannot be), so the axes are read from where the devices' blocks lie. Dimension ``d`` is split over axes
+    ``(a1, ..., an)`` exactly when every device's block number along ``d`` is the mixed-radix number of its
+    positions along ``a1..an`` (``a1`` most significant). The cases:
+
+    * not divided (one block): ``()``;
+    * divided over one axis, or over several in either order (``P(("x", "y"))`` gives ``("x", "y")``,
+      ``P(("y", "x"))`` gives ``("y", "x")``); axes of size 1 never appear;
+    * divided in a way no list of whole axes describes — over part of an axis (Shardy may propagate such blocks
+      for shapes that straddle shards), or by devices in an order other than the mesh's: ``()``, so the op asks
+      for that dimension whole and stays correct.
+    """
     blocks = sharding.shard_shape(shape)
     indices = sharding.devices_indices_map(shape)
     positions = {device: position for position, device in np.ndenumerate(mesh.devices)}
@@ -201,8 +212,8 @@ class LinearOp:
         self._unsplit = jax.jit(lambda context, *arrays: local(context[0], UNSPLIT, *arrays), static_argnums=0)
         self._partitioned = custom_partitioning(self._unsplit, static_argnums=(0,))
         rule, factor_sizes = _sharding_rule(self._operands, self._results)
-        # Shardings reach the partitioner undecoded: JAX fails on one over part of a mesh axis, which _dim_axes
-        # reads as undivided.
+        # Shardings reach the partitioner undecoded: JAX fails on one over part of a mesh axis, which
+        # mesh_axes_of_dims reads as undivided.
         self._partitioned.def_partition(self._partition, sharding_rule=rule, decode_shardings=False, **factor_sizes)
 
     def __call__(self, static: Any, *arrays: jax.Array) -> tuple:
@@ -246,7 +257,8 @@ class LinearOp:
         of its multiple are dropped (the dimension is then replicated)."""
         axes: dict[str, tuple[str, ...]] = {}
         for dims, arg in zip(operands, arg_shapes):
-            for dim, length, dim_axes in zip(dims, arg.shape, _dim_axes(arg.sharding, tuple(arg.shape), mesh)):
+            placed = mesh_axes_of_dims(arg.sharding, tuple(arg.shape), mesh)
+            for dim, length, dim_axes in zip(dims, arg.shape, placed):
                 if dim.name == _REPLICATED or dim.name in axes:
                     continue
                 count = math.prod(mesh.shape[a] for a in dim_axes) * self._multiples.get(dim.name, 1)

@@ -66,3 +66,22 @@ def central_difference(f, x, eps=1e-6):
         x[i] = saved
         grad[i] = (up - down) / (2 * eps)
     return grad
+
+
+def native_and_reference(fn, *args, **kwargs):
+    """fn(*args) with the native kernels and with the xla reference, as numpy pytrees."""
+    import jax
+    import jax_aiter
+
+    results = []
+    for impl in ("native", "xla"):
+        with jax_aiter.use_backend(impl):
+            results.append(jax.tree.map(np.asarray, fn(*args, **kwargs)))
+    return results
+
+
+def ffi_call_now(target, outputs, *args, **attrs):
+    """One FFI call, waited for: GPU handlers run asynchronously and their errors surface when the result is."""
+    import jax
+
+    return jax.block_until_ready(jax.ffi.ffi_call(target, outputs)(*args, **attrs))

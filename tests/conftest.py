@@ -26,3 +26,20 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs a CUDA or ROCm GPU"))
         if "rocm" in item.keywords and not has_rocm:
             item.add_marker(pytest.mark.skip(reason="needs an AMD GPU (ROCm)"))
+
+
+@pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
+def device(request):
+    """The device a native-kernel test runs on; its platform's native library must have loaded (on a GPU that is
+    a failure, on the CPU a skip)."""
+    from jax_aiter import _native, native
+
+    dev = jax.devices("cpu")[0] if request.param == "cpu" else jax.devices("gpu")[0]
+    platform = "rocm" if "rocm" in dev.client.platform_version.lower() else dev.platform
+    platform = "cuda" if platform == "gpu" else platform
+    problem = _native.load(native.LIBRARY[platform]).problem
+    if problem is not None:
+        if request.param == "cpu":
+            pytest.skip(problem)
+        pytest.fail(problem)
+    return dev

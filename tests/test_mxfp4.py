@@ -6,10 +6,11 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import _oracle
 import mxfp4_oracle as oracle
 from jax_aiter import _backend, use_backend
 from jax_aiter.gemm_fp4 import (cast_mxfp4, cast_mxfp4_dual, dequantize_mxfp4, quantize_mxfp4, shuffle_fp4,
@@ -411,3 +412,188 @@ def test_ops_are_dispatched_with_plain_static_parameters():
 def test_bad_arguments_are_named(call, error, name):
     with pytest.raises(error, match=rf"^{name}\b"):
         call()
+
+
+# --- the native cast kernels (csrc/cpu/mxfp4.cc, csrc/gpu/mxfp4.cu) against the reference: bit-exact -----------
+# On the CPU and, marked gpu, on a GPU: every dtype, option and layout, every finite bf16 and fp16 pattern under
+# several block scales, NaN/Inf/zero/subnormal blocks, shapes that leave partial kernel tiles, and hypothesis-drawn
+# shapes and values.
+
+DTYPES = (jnp.bfloat16, jnp.float16, jnp.float32)
+
+
+def assert_same_bytes(native, reference, what=""):
+    for i, (a, b) in enumerate(zip(jax.tree.leaves(native), jax.tree.leaves(reference), strict=True)):
+        assert a.dtype == b.dtype == np.uint8 and a.shape == b.shape, (what, i, a.shape, b.shape)
+        if not np.array_equal(a, b):
+            bad = np.argwhere(a != b)
+            raise AssertionError(f"{what} output {i}: {len(bad)} bytes differ, first at {bad[:4].tolist()}: "
+                                 f"native {a[tuple(bad[0])]:#04x}, reference {b[tuple(bad[0])]:#04x}")
+
+
+def tricky_matrix(m, k, dtype, seed=0):
+    """Rows of very different magnitudes, plus NaN, +-Inf, zero, subnormal and exact-tie blocks."""
+    rng = np.random.default_rng(seed)
+    top = min(40, int(ml_dtypes.finfo(dtype).maxexp) - 4)
+    x = rng.standard_normal((m, k)) * np.exp2(rng.integers(-top, top, (m, 1)))
+    x[0, :12] = [0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, -0.1, -5.0, 7.0, -7.5]  # ties and saturation
+    x[1, 3] = np.nan
+    x[2, k - 1] = np.inf
+    x[3, 5] = -np.inf
+    x[4, :32] = 0.0
+    x[5, :] = -0.0
+    tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal)
+    x[6, :] = rng.integers(-300, 300, k) * tiny
+    x[7, : k // 2] *= 2.0 ** -120
+    # Blocks with amax 2^-122 (e = -124) holding subnormals in [2^-130, 2^-126): nearest rounding makes them 0,
+    # stochastic rounding rounds them up with probability 1/32..1/2. A CPU that flushes subnormal inputs must
+    # not lose them.
+    x[8, :] = rng.choice([-1, 1], k) * rng.integers(2 ** 19, 2 ** 23, k) * 2.0 ** -149
+    x[8, ::32] = 2.0 ** -122
+    return jnp.asarray(x.astype(np.float32)).astype(dtype)
+
+
+def dual_cast(x, **options):
+    return cast_mxfp4_dual(x, **options)
+
+
+# One case per line; together they take every value of every option, on every dtype.
+OPTION_CASES = [
+    (jnp.bfloat16, dict()),
+    (jnp.bfloat16, dict(scale_rule="floor", sr_key=7, hadamard_rowwise=16, hadamard_columnwise=32, hadamard_key=3,
+                        layout_rowwise="gemm_a", layout_columnwise="gemm_b", index_offset=(64, 96))),
+    (jnp.bfloat16, dict(scale_rule="ceil", hadamard_rowwise=32, layout_rowwise="gemm_b")),
+    (jnp.float16, dict(scale_rule="even", sr_key=123456789012, hadamard_columnwise=16, hadamard_key=5,
+                       layout_columnwise="gemm_a", index_offset=(32, 0))),
+    (jnp.float16, dict(scale_rule="floor", hadamard_rowwise=32, hadamard_columnwise=16)),
+    (jnp.float32, dict(scale_rule="ceil", sr_key=11, layout_rowwise="gemm_a", layout_columnwise="gemm_a",
+                       index_offset=(0, 64))),
+    (jnp.float32, dict(hadamard_rowwise=16, hadamard_columnwise=32, hadamard_key=9, sr_key=1,
+                       layout_rowwise="gemm_b", layout_columnwise="gemm_b")),
+]
+
+
+@pytest.mark.parametrize("dtype, options", OPTION_CASES,
+                         ids=[f"{np.dtype(d).name}-{i}" for i, (d, _) in enumerate(OPTION_CASES)])
+def test_dual_cast_options_bit_exact(device, dtype, options):
+    options = dict(options)
+    if "index_offset" in options:
+        options["index_offset"] = jnp.asarray(options["index_offset"], jnp.uint32)
+    # 320 columns: a partial 256-column tile for 16-bit types; 96 rows: a partial 64-row tile, except where the
+    # columnwise copy is shuffled (its quantization axis, M, must then be a multiple of 64).
+    m = 192 if options.get("layout_columnwise") == "gemm_b" else 96
+    x = jax.device_put(tricky_matrix(m, 320, dtype), device)
+    native, reference = _oracle.native_and_reference(dual_cast, x, **options)
+    assert_same_bytes(native, reference, str(options))
+
+
+@pytest.mark.parametrize("columnwise, layout", [(False, "gemm_b"), (True, "plain"), (True, "gemm_b")])
+def test_single_cast_bit_exact(device, columnwise, layout):
+    x = jax.device_put(tricky_matrix(128, 192, jnp.bfloat16, seed=1), device)
+    options = dict(columnwise=columnwise, layout=layout, sr_key=5, hadamard=16, hadamard_key=2)
+    assert_same_bytes(*_oracle.native_and_reference(cast_mxfp4, x, **options), str(options))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_columnwise_cast_of_unaligned_rows(device, dtype):
+    # K = 37: rows are not whole 16-byte chunks, so the kernel loads element by element.
+    x = jax.device_put(tricky_matrix(64, 37, dtype, seed=2), device)
+    assert_same_bytes(*_oracle.native_and_reference(cast_mxfp4, x, columnwise=True), np.dtype(dtype).name)
+
+
+def every_finite_pattern(dtype):
+    """Every finite value of a 16-bit dtype, each block led by an anchor that sets (or leaves) its scale."""
+    patterns = np.arange(2 ** 16, dtype=np.uint16).view(dtype)
+    finite = patterns[np.isfinite(patterns.astype(np.float32))]
+    finite = np.concatenate([finite, np.zeros(-len(finite) % 31, dtype)]).reshape(-1, 31)
+    biggest = float(ml_dtypes.finfo(dtype).max)
+    anchors = [float(ml_dtypes.finfo(dtype).smallest_subnormal), 1.0, -1.75, 5.0, biggest]
+    blocks = [np.concatenate([np.full((len(finite), 1), a, dtype), finite], axis=1) for a in anchors]
+    x = np.concatenate(blocks)
+    return np.concatenate([x, np.zeros((-len(x) % 32, 32), dtype)])  # whole blocks for the columnwise copy
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+@pytest.mark.parametrize("rule", ["even", "floor", "ceil"])
+def test_every_finite_16bit_pattern(device, dtype, rule):
+    x = jax.device_put(jnp.asarray(every_finite_pattern(dtype)), device)
+    assert_same_bytes(*_oracle.native_and_reference(dual_cast, x, scale_rule=rule), f"{np.dtype(dtype).name} {rule}")
+
+
+WORKED_BLOCK = [  # docs/mxfp4.md, "Kernel contract": x[i] = float32((i - 16) * 0.37), one rowwise block
+    (dict(scale_rule="even"), 127, "ffefeededdccab991021435455666677"),
+    (dict(scale_rule="floor"), 127, "ffefeededdccab991021435455666677"),
+    (dict(scale_rule="even", sr_key=(1, 2)), 127, "ffefeeeeddccab990021434555656767"),
+    (dict(scale_rule="even", hadamard=16, hadamard_key=(1, 2)), 128, "bd0ab10cae4ca14941ccc6429a212c9a"),
+]
+
+
+@pytest.mark.parametrize("options, scale, data", WORKED_BLOCK)
+def test_documented_worked_block(device, options, scale, data):
+    options = {k: jnp.asarray(v, jnp.uint32) if k.endswith("key") else v for k, v in options.items()}
+    x = jax.device_put((jnp.arange(32, dtype=jnp.float32) - 16) * jnp.float32(0.37), device)[None]
+    with use_backend("native"):
+        got_data, got_scales = cast_mxfp4(x, **options)
+    assert int(got_scales[0, 0]) == scale
+    assert np.asarray(got_data)[0].tobytes().hex() == data
+
+
+@settings(max_examples=10, deadline=None,
+                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_cast_hypothesis(device, data):
+    dtype = data.draw(st.sampled_from(DTYPES))
+    m = 32 * data.draw(st.integers(1, 3))
+    k = 32 * data.draw(st.integers(1, 10))
+    width = 32 if dtype == jnp.float32 else 16
+    values = data.draw(hnp.arrays(np.float32, (m, k), elements=st.floats(width=width)))
+    options = dict(scale_rule=data.draw(st.sampled_from(["even", "floor", "ceil"])),
+                   sr_key=data.draw(st.sampled_from([None, 0, 2 ** 40 + 17])),
+                   hadamard_rowwise=data.draw(st.sampled_from([0, 16, 32])),
+                   hadamard_columnwise=data.draw(st.sampled_from([0, 16, 32])))
+    x = jax.device_put(jnp.asarray(values).astype(dtype), device)
+    assert_same_bytes(*_oracle.native_and_reference(dual_cast, x, **options), f"{np.dtype(dtype).name} {options}")
+
+
+def test_native_cast_is_what_runs(device):
+    """The forced native implementation lowers to the FFI target (not silently to the reference)."""
+    x = jax.device_put(jnp.ones((32, 64), jnp.bfloat16), device)
+    with use_backend("native"):
+        assert "ja_cast_mxfp4" in jax.jit(lambda x: cast_mxfp4_dual(x)).lower(x).as_text()
+
+
+def test_native_cast_errors_raise(device):
+    """Calls the handler rejects raise an exception naming the problem and never crash the process."""
+    bf16 = jnp.bfloat16
+    x = jax.device_put(jnp.ones((4, 64), bf16), device)
+    words = jax.device_put(jnp.zeros(2, jnp.uint32), device)
+    out = jax.ShapeDtypeStruct
+    cast = dict(rowwise=True, columnwise=False, scale_rule="even", stochastic=False, hadamard_rowwise=np.int32(0),
+                hadamard_columnwise=np.int32(0), hadamard_signs=False, layout_rowwise="plain",
+                layout_columnwise="plain")
+    none = (out((0, 0), jnp.uint8), out((0, 0), jnp.uint8))
+    good = (out((4, 32), jnp.uint8), out((4, 2), jnp.uint8), *none)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="scale_rule must be even, floor or ceil, got nearest"):
+        _oracle.ffi_call_now("ja_cast_mxfp4", good, x, words, words, words, **{**cast, "scale_rule": "nearest"})
+    with pytest.raises(jax.errors.JaxRuntimeError, match="hadamard_rowwise must be 0, 16 or 32"):
+        _oracle.ffi_call_now("ja_cast_mxfp4", good, x, words, words, words, **{**cast, "hadamard_rowwise": np.int32(8)})
+    with pytest.raises(jax.errors.JaxRuntimeError, match="not a multiple of 32"):
+        _oracle.ffi_call_now("ja_cast_mxfp4", (out((4, 24), jnp.uint8), out((4, 1), jnp.uint8), *none), x[:, :48],
+                             words, words, words, **cast)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="rowwise scales must have shape"):
+        _oracle.ffi_call_now("ja_cast_mxfp4", (out((4, 32), jnp.uint8), out((4, 3), jnp.uint8), *none), x, words,
+                             words, words, **cast)
+    # The process is still healthy: a valid call works.
+    with use_backend("native"):
+        np.testing.assert_array_equal(np.asarray(cast_mxfp4(x)[1]), np.full((4, 2), 125, np.uint8))
+
+
+def test_python_rejects_shapes_before_the_cast_kernel():
+    """Shapes the kernels do not take never reach them: the public functions raise ValueError first."""
+    with use_backend("native"):
+        with pytest.raises(ValueError, match="multiple of 32"):
+            cast_mxfp4(jnp.ones((48, 40), jnp.bfloat16))  # rowwise blocks run along K = 40
+        with pytest.raises(ValueError, match="multiple of 32"):
+            cast_mxfp4_dual(jnp.ones((40, 64), jnp.bfloat16))  # columnwise blocks run along M = 40
+        with pytest.raises(ValueError, match="gemm_b"):
+            cast_mxfp4(jnp.ones((24, 64), jnp.bfloat16), layout="gemm_b")

@@ -1,3 +1,8 @@
+"""rms_norm and rms_norm_with_add: every implementation against float64 numpy, and the native kernels against
+the reference on the CPU and (marked gpu) a GPU."""
+
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -126,3 +131,73 @@ def test_native_lowers_to_custom_call():
 def test_bad_input(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+# --- the native kernels (csrc/cpu/rmsnorm.cc, csrc/gpu/rmsnorm.cu) against the reference: ~1 ulp ---------------
+# On the CPU and, marked gpu, on a GPU; the kernels sum in another order than XLA.
+
+
+def norm_inputs(shape, dtype, seed=0):
+    kx, kg, kr, kd, ks = jax.random.split(jax.random.key(seed), 5)
+    x = (2.0 * jax.random.normal(kx, shape)).astype(dtype)
+    gamma = (1.0 + 0.5 * jax.random.normal(kg, shape[-1:])).astype(dtype)
+    residual = jax.random.normal(kr, shape).astype(dtype)
+    dy = jax.random.normal(kd, shape).astype(dtype)
+    d_sum = jax.random.normal(ks, shape).astype(dtype)
+    return x, gamma, residual, dy, d_sum
+
+
+def assert_close_tree(native, reference, dtype, factor=1.0):
+    for a, b in zip(jax.tree.leaves(native), jax.tree.leaves(reference), strict=True):
+        _oracle.assert_close(a, b, dtype, factor=factor)
+
+
+# (7, 33): columns that allow no 16-byte access; (2, 40000): rows longer than the GPU kernel keeps in registers.
+NORM_SHAPES = [(64, 1024), (3, 5, 96), (7, 33), (2, 40000), (1, 8)]
+
+
+@pytest.mark.parametrize("shape", NORM_SHAPES, ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_rms_norm_forward_and_grads(device, dtype, shape):
+    x, gamma, _, dy, _ = jax.device_put(norm_inputs(shape, dtype), device)
+
+    def run(x, gamma, dy):
+        y, vjp = jax.vjp(functools.partial(rms_norm, epsilon=1e-6), x, gamma)
+        return y, *vjp(dy)
+
+    native, reference = _oracle.native_and_reference(run, x, gamma, dy)
+    assert_close_tree(native[0], reference[0], dtype)
+    # Gradients sum over a row (dx) or over all rows (dgamma) in another order: a little more slack.
+    assert_close_tree(native[1:], reference[1:], dtype, factor=2)
+
+
+@pytest.mark.parametrize("shape", [(32, 4096), (5, 33), (3, 20000)], ids=str)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_native_rms_norm_with_add_forward_and_grads(device, dtype, shape):
+    x, gamma, residual, dy, d_sum = jax.device_put(norm_inputs(shape, dtype, seed=1), device)
+
+    def run(x, residual, gamma, dy, d_sum):
+        (y, total), vjp = jax.vjp(functools.partial(rms_norm_with_add, epsilon=1e-5), x, residual, gamma)
+        return y, total, *vjp((dy, d_sum))
+
+    native, reference = _oracle.native_and_reference(run, x, residual, gamma, dy, d_sum)
+    np.testing.assert_array_equal(native[1], reference[1])  # the sum is rounded once, identically
+    assert_close_tree(native[0], reference[0], dtype)
+    assert_close_tree(native[2:], reference[2:], dtype, factor=2)
+
+
+def test_native_rms_norm_is_what_runs(device):
+    """The forced native implementation lowers to the FFI target (not silently to the reference)."""
+    x = jax.device_put(jnp.ones((32, 64), jnp.bfloat16), device)
+    with jax_aiter.use_backend("native"):
+        assert "ja_rms_norm_fwd" in jax.jit(lambda x: rms_norm(x, x[0])).lower(x).as_text()
+
+
+def test_native_rms_norm_errors_raise(device):
+    """A call the handler rejects raises an exception naming the problem and never crashes the process."""
+    bf16 = jnp.bfloat16
+    x = jax.device_put(jnp.ones((4, 64), bf16), device)
+    out = jax.ShapeDtypeStruct
+    with pytest.raises(jax.errors.JaxRuntimeError, match="gamma must be 1-D with x's last dimension"):
+        _oracle.ffi_call_now("ja_rms_norm_fwd", (out((4, 64), bf16), out((4,), jnp.float32)), x, x[0, :32],
+                             epsilon=np.float32(1e-6))

@@ -14,6 +14,7 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 import _oracle
+from jax_aiter._partition import mesh_axes_of_dims
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, cast_mxfp4, dequantize_mxfp4, gemm_fp4_bf16
 from jax_aiter.gemm_fp4 import _linear
@@ -224,3 +225,47 @@ def test_gemm_sharded_equals_unsharded(layout):
     assert ("reduce-scatter" in ops) == bool(token_axes & weight_axes)
     assert ("all-reduce" in ops) == bool(token_axes - weight_axes)
 
+
+
+# --- mesh_axes_of_dims: one test per case its docstring names ----------------------------------------------
+
+
+def _axes(mesh, spec, shape=(16, 8)):
+    return mesh_axes_of_dims(NamedSharding(mesh, spec), shape, mesh)
+
+
+def test_mesh_axes_undivided():
+    mesh = make_mesh((4, 2), ("x", "y"))
+    assert _axes(mesh, P()) == ((), ())
+
+
+def test_mesh_axes_one_axis_per_dim():
+    mesh = make_mesh((4, 2), ("x", "y"))
+    assert _axes(mesh, P("x", "y")) == (("x",), ("y",))
+    assert _axes(mesh, P(None, "x")) == ((), ("x",))
+
+
+def test_mesh_axes_several_axes_in_either_order():
+    mesh = make_mesh((4, 2), ("x", "y"))
+    assert _axes(mesh, P(("x", "y"))) == (("x", "y"), ())
+    assert _axes(mesh, P(("y", "x"))) == (("y", "x"), ())
+
+
+def test_mesh_axes_of_size_one_never_appear():
+    mesh = make_mesh((8, 1), ("x", "one"))
+    assert _axes(mesh, P(("x", "one"), None)) == (("x",), ())
+    assert _axes(mesh, P(None, "one")) == ((), ())
+
+
+def test_mesh_axes_part_of_an_axis_reads_as_undivided():
+    """Blocks split 2 ways where the op's mesh has one 8-device axis: no list of whole axes names that."""
+    mesh = make_mesh((8,), ("x",))
+    coarse = jax.sharding.Mesh(mesh.devices.reshape(2, 4), ("a", "b"))
+    assert mesh_axes_of_dims(NamedSharding(coarse, P("a")), (16, 8), mesh) == ((), ())
+
+
+def test_mesh_axes_other_device_order_reads_as_undivided():
+    mesh = make_mesh((8,), ("x",))
+    shuffled = jax.sharding.Mesh(mesh.devices[[1, 0, 2, 3, 4, 5, 6, 7]], ("x",))
+    assert mesh_axes_of_dims(NamedSharding(shuffled, P("x")), (16, 8), mesh) == ((), ())
+    assert mesh_axes_of_dims(NamedSharding(mesh, P("x")), (16, 8), mesh) == (("x",), ())
