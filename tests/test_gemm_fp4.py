@@ -76,7 +76,8 @@ def test_gemm_fp4_bad_arguments_are_named(call, error, name):
 
 
 def test_recipe_presets_and_validation():
-    default, peer = Mxfp4Recipe.default(), Mxfp4Recipe.peer_parity()
+    default, peer = Mxfp4Recipe.default(), Mxfp4Recipe.gradient_hadamard()
+    assert Mxfp4Recipe.peer_parity() == peer  # the 0.1.0 name stays as an alias
     assert default == Mxfp4Recipe()
     assert (default.fprop_hadamard, default.dgrad_hadamard, default.wgrad_hadamard) == (0, 0, 16)
     assert (peer.fprop_hadamard, peer.dgrad_hadamard, peer.wgrad_hadamard) == (0, 16, 16)

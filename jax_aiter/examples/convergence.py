@@ -17,7 +17,7 @@ from jax_aiter.examples import tiny_llama
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
 
-RECIPES = {"mxfp4-default": Mxfp4Recipe.default, "mxfp4-peer-parity": Mxfp4Recipe.peer_parity}
+RECIPES = {"mxfp4-default": Mxfp4Recipe.default, "mxfp4-gradient-hadamard": Mxfp4Recipe.gradient_hadamard}
 
 
 @dataclasses.dataclass(frozen=True)

@@ -53,10 +53,14 @@ class Mxfp4Recipe:
         return cls()
 
     @classmethod
-    def peer_parity(cls) -> Mxfp4Recipe:
-        """What ROCm/jax-aiter does (RNE, Hadamard on the gradient GEMMs), except that the rotation is applied
-        to both operands of dgrad and wgrad instead of to the gradient alone, which would bias them."""
+    def gradient_hadamard(cls) -> Mxfp4Recipe:
+        """RNE everywhere and a paired 16-point Hadamard on both gradient GEMMs (dgrad and wgrad): the rotation
+        spreads the gradient's outliers over each 16-element chunk before it is quantized, on both operands of
+        each GEMM so the product is unbiased."""
         return cls(dgrad_hadamard=16, wgrad_hadamard=16)
+
+    # Alias of gradient_hadamard, the name this preset had in jax-aiter 0.1.0.
+    peer_parity = gradient_hadamard
 
     def scale_rule(self, role: str) -> str:
         return getattr(self, f"{_check_role(role)}_scale_rule")
