@@ -6,6 +6,7 @@ forced, and ``jax.export`` of an MXFP4 training step for ROCm."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import json
 import re
 import shutil
@@ -20,7 +21,7 @@ import pytest
 
 import jax_aiter
 from jax_aiter import _backend, _native
-from jax_aiter.aiter import build, manifest
+from jax_aiter.aiter import manifest
 
 # The op modules, then their aiter registrations (the op modules import these themselves once wired).
 import jax_aiter.gemm  # noqa: F401  isort: skip
@@ -38,6 +39,10 @@ from jax_aiter.mha import flash_attn_func, flash_attn_varlen  # noqa: E402
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+# The AITER build tool lives in the checkout's tools/, outside the package.
+_build_spec = importlib.util.spec_from_file_location("aiter_build", REPO / "tools" / "aiter_build.py")
+build = importlib.util.module_from_spec(_build_spec)
+_build_spec.loader.exec_module(build)
 
 
 @pytest.fixture(autouse=True)
