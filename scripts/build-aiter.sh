@@ -22,5 +22,5 @@ if [ ! -f third_party/aiter/aiter/jit/core.py ]; then
   exit 0
 fi
 
-exec "$python" -m jax_aiter.aiter.build stage --aiter third_party/aiter --stage build/aiter \
+exec "$python" tools/aiter_build.py stage --aiter third_party/aiter --stage build/aiter \
   --jit-dir build/aiter-jit --archs "$GPU_ARCHS" "$@"

@@ -1,11 +1,24 @@
 #!/usr/bin/env bash
 # Run a project task on a plain machine without conda: make (or reuse) a Python 3.12 virtual environment in
-# .venv, install jax-aiter into it (which builds the native libraries), then run scripts/<task>.sh there.
-#   bash scripts/plain.sh demo | test | bench | conda-build
+# .venv, install what the task needs into it, then run the task with scripts/task.sh, the same entry the pixi
+# tasks call. Tasks that run jax-aiter (scripts/task.sh --needs-package) get it installed from this checkout
+# with its test extras, which builds the native libraries; the others get the build tools and jax only.
+#   bash scripts/plain.sh <task> [args...]      e.g. demo | test | bench | conda-build | build-aiter | compile-check all
 set -euo pipefail
 cd "$(dirname "$0")/.."
-task=${1:?usage: scripts/plain.sh <demo|test|bench|conda-build> [args...]}
+if [ $# -eq 0 ] || [ "$1" = -h ] || [ "$1" = --help ]; then
+  echo "usage: scripts/plain.sh <task> [args...]" >&2
+  echo "tasks: $(bash scripts/task.sh --list | paste -sd ' ')  (bash scripts/task.sh --help)" >&2
+  [ $# -eq 0 ] && exit 2
+  exit 0
+fi
+task=$1
 shift
+needs_package=yes
+bash scripts/task.sh --needs-package "$task" || case $? in
+  1) needs_package=no ;;
+  *) exit 2 ;;  # unknown task; task.sh said so
+esac
 
 find_python312() {
   for candidate in python3.12 "$(command -v pyenv >/dev/null && PYENV_VERSION=3.12 pyenv which python3.12 2>/dev/null)"; do
@@ -29,5 +42,7 @@ fi
 .venv/bin/python -m pip install -q --upgrade pip
 # The build uses the venv's jax headers, so install build requirements first and build without isolation.
 .venv/bin/python -m pip install -q "scikit-build-core>=0.10" cmake ninja "jax>=0.11" numpy ml_dtypes
-.venv/bin/python -m pip install -q --no-build-isolation ".[test]"
-PATH="$PWD/.venv/bin:$PATH" PYTHON="$PWD/.venv/bin/python" exec bash "scripts/$task.sh" "$@"
+if [ "$needs_package" = yes ]; then
+  .venv/bin/python -m pip install -q --no-build-isolation ".[test]"
+fi
+PATH="$PWD/.venv/bin:$PATH" PYTHON="$PWD/.venv/bin/python" exec bash scripts/task.sh "$task" "$@"

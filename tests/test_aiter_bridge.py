@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib.util
 import json
 import re
 import shutil
@@ -21,8 +22,7 @@ import pytest
 
 import jax_aiter
 from jax_aiter import _backend, _native
-from jax_aiter.aiter import build, manifest
-from jax_aiter.aiter import _support
+from jax_aiter.aiter import _support, manifest
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import gemm_fp4, gemm_fp4_bf16
 from jax_aiter.mha import flash_attn_func, flash_attn_varlen
@@ -30,6 +30,10 @@ from jax_aiter.mha._contract import AttentionOptions
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add
 
 REPO = Path(__file__).resolve().parents[1]
+# The AITER build tool lives in the checkout's tools/, outside the package.
+_build_spec = importlib.util.spec_from_file_location("aiter_build", REPO / "tools" / "aiter_build.py")
+build = importlib.util.module_from_spec(_build_spec)
+_build_spec.loader.exec_module(build)
 
 
 @pytest.fixture(autouse=True)

@@ -1,6 +1,6 @@
 // MXFP4 GEMM on AITER's a4w4 ASM kernels (gfx950): out = A . B^T with per-1x32 e8m0 block scales, bfloat16 out.
 //
-// Operands (layouts in docs/mxfp4.md and ../shared/docs/mxfp4-contract.md): A uint8 [M, K/2] fp4x2, plain
+// Operands (layouts in docs/mxfp4-contract.md and docs/mxfp4.md): A uint8 [M, K/2] fp4x2, plain
 // row-major; B uint8 [N, K/2] fp4x2, shuffled (16,16); A_scale and B_scale e8m0 (uint8 or float8_e8m0fnu),
 // shuffled and zero-padded to [ceil(R/256)*256, ceil(K/32/8)*8]. Result: out bfloat16 [ceil(M/32)*32, N] —
 // the kernels write whole 32-row groups; the caller slices the first M rows.

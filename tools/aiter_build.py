@@ -1,6 +1,6 @@
 """Build and stage what the AITER bridge needs from the pinned AITER checkout (``third_party/aiter``).
 
-``python -m jax_aiter.aiter.build stage`` (run by ``scripts/build-aiter.sh`` on a ROCm machine):
+``python tools/aiter_build.py stage`` (run by ``scripts/build-aiter.sh`` on a ROCm machine):
 
 1. finds the checkout and its commit, which must be the commit the project pins (the submodule gitlink);
 2. checks the interfaces the bridge was written against, at that commit: kernel-table columns and code objects,
@@ -13,7 +13,9 @@
 
 An existing stage whose manifest matches (commit, architectures, configuration hash, file hashes) is reused;
 otherwise it is rebuilt, or, with ``--reuse-only``, the command fails. ``check`` answers whether a stage may be
-used (CMake runs it). Layout of a stage, installed as ``jax_aiter/lib/aiter``::
+used (CMake runs it). The tool is part of the source checkout, not of the installed package; manifests are read
+and written by :mod:`jax_aiter.aiter.manifest`, which the runtime uses too. Layout of a stage, installed as
+``jax_aiter/lib/aiter``::
 
     manifest.json  libmha_fwd.so  libmha_bwd.so  libaiter_rmsnorm.so
     hsa/<arch>/{bf16gemm,f4gemm,fmha_v3_*}/...
@@ -34,19 +36,23 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from jax_aiter.aiter import manifest
+if __name__ == "__main__":
+    # As a script, Python puts tools/ first on sys.path; the manifest module is the checkout's own.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from jax_aiter.aiter import manifest  # noqa: E402
 
 
 def checkout_root() -> Path:
     """The jax-aiter source checkout the build runs in (scripts/build-aiter.sh starts from its top directory).
 
-    Not derived from this file's location: an installed jax_aiter package lives outside any checkout."""
+    The current directory, not this file's location: the tool works on the checkout it is started in."""
     return Path.cwd()
 
 
 SUBMODULE = "third_party/aiter"
 # What defines a staged build besides AITER's commit and the architectures; editing any of these rebuilds.
-CONFIG_FILES = ("scripts/build-aiter.sh", "jax_aiter/aiter/build.py", "jax_aiter/aiter/manifest.py")
+CONFIG_FILES = ("scripts/build-aiter.sh", "tools/aiter_build.py", "jax_aiter/aiter/manifest.py")
 
 # AITER JIT modules -> the file name they are staged under.
 MHA_MODULES = {"libmha_fwd": "libmha_fwd.so", "libmha_bwd": "libmha_bwd.so"}
@@ -322,7 +328,7 @@ def stage(aiter: Path, stage_dir: Path, jit_dir: Path, archs: Sequence[str], *, 
     interface = check_interface(aiter, archs)
     if interface:
         raise BuildError(f"AITER at {key.aiter_commit} differs from what the bridge was written against:\n  "
-                         + "\n  ".join(interface) + "\nUpdate csrc/aiter and jax_aiter/aiter/build.py together "
+                         + "\n  ".join(interface) + "\nUpdate csrc/aiter and tools/aiter_build.py together "
                          "with the pin (docs/aiter-bridge.md).")
     jit_dir.mkdir(parents=True, exist_ok=True)
     libraries = {staged: _run_jit_build(aiter, module, jit_dir, archs, jobs) for module, staged in MHA_MODULES.items()}
@@ -353,7 +359,7 @@ def check(aiter: Path, stage_dir: Path, archs: Sequence[str], *, pinned: str | N
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] = os.environ) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jax_aiter.aiter.build", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python tools/aiter_build.py", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("stage", "check"))
     parser.add_argument("--aiter", type=Path, default=checkout_root() / SUBMODULE, help="the AITER checkout")
