@@ -95,20 +95,20 @@ def _summary(result: dict) -> dict:
 
 
 def test_fp4_selection(host_driver):
+    # AITER's heuristic as gemm_a4w4 runs it: K is never split; the rows are walked in file order here (no arch).
     got = select(host_driver, "fp4", FIXTURES / "f4gemm_fixture.csv", [
         (8192, 8192, 8192, 256),  # 128x512: 1024 tiles = 4 full rounds; every other tile needs more rounds
         (8192, 8320, 8192, 256),  # N % 512 != 0 rules out 128x512; 192x256: 43*33 tiles = 6 rounds
-        (32, 512, 16384, 256),  # one tile: split 16 fills the most CUs
-        (32, 512, 1024, 256),  # K/8 and K/16 round up to 256, so z stays 4: split 4 is found first
-        (33, 128, 256, 256),  # M = 33 -> 64 output rows; 32x128 has the fewest idle CUs
+        (32, 512, 16384, 256),  # one round for all; 192x256 comes later with fewer idle CUs than 32x128 and 64x256
+        (33, 128, 256, 256),  # M = 33 -> 64 output rows; one tile of 192x256 idles the most CUs but is the most
+        #                       efficient tile of the round, which AITER also accepts
         (4096, 4096, 4096, 80),  # an 80-CU part: 256 tiles of 128x512 = 4 rounds
     ])
     assert [_summary(r) for r in got] == [
         _choice((128, 512), 1, (16, 64, 1), 8192),
         _choice((192, 256), 1, (33, 43, 1), 8192),
-        _choice((128, 512), 16, (1, 1, 16), 32),
-        _choice((128, 512), 4, (1, 1, 4), 32),
-        _choice((32, 128), 1, (1, 2, 1), 64),
+        _choice((192, 256), 1, (2, 1, 1), 32),
+        _choice((192, 256), 1, (1, 1, 1), 64),
         _choice((128, 512), 1, (8, 32, 1), 4096),
     ]
     # The non-pre-shuffled and the persistent rows are never taken.
@@ -123,6 +123,7 @@ def test_bf16_selection(host_driver):
         (64, 256, 4096, 304),  # 8 tiles of 32x64: split = max(2, min(304/8, 16, 4096/64)) = 16
         (1, 64, 64, 304),  # K/subK = 1: no split; 32x64 pads M less than 64x64
         (65536, 32768, 64, 304),  # M*N = 2^31
+        (48640, 64, 64, 304),  # 304 tiles of 160x64 fill one round: a bias-capable row serves a call without bias
     ])
     assert "multiple of 64" in got[0]["error"]
     assert "no BF16 GEMM kernel" in got[1]["error"]
@@ -132,8 +133,9 @@ def test_bf16_selection(host_driver):
         _choice((32, 64), 1, (1, 1, 1), 1),
     ]
     assert "2^31" in got[5]["error"]
-    # Pre-shuffled-B and bias rows are never taken.
-    assert not any("bshuffle" in r.get("kernel", "") or "bias" in r.get("kernel", "") for r in got)
+    assert _summary(got[6]) == _choice((160, 64), 1, (1, 304, 1), 48640)
+    # Pre-shuffled-B rows are never taken.
+    assert not any("bshuffle" in r.get("kernel", "") for r in got)
     # A table from before subK existed: split-capable rows run unsplit.
     legacy = select(host_driver, "bf16", FIXTURES / "bf16gemm_legacy_fixture.csv", [(64, 256, 4096, 304)])
     assert _summary(legacy[0]) == _choice((32, 64), 1, (4, 2, 1), 64)
