@@ -10,7 +10,8 @@ For every code object of the ASM GEMM families the bridge launches (gfx950 ``f4g
 kernarg pointer is derived from the kernel descriptor's ``kernel_code_properties``, then every scalar load whose
 base is that pair (or a copy of it) is collected from ``llvm-objdump -d`` with its width and the first
 instruction that reads the loaded dword (``shr1``: the kernel halves it first, ``shl1``: doubles it, ``raw``:
-uses it as is, ``unread``). For every kernel table of those families it records the header and the rows.
+uses it as is, ``unread``; jax_aiter.aiter.validate.scan_loads). The ELF and its note are read with pyelftools
+and msgpack here, independently of the validator's own standard-library reader. For every kernel table of those families it records the header and the rows.
 
 Identical argument lists are stored once (``abis``) and referred to by id, as are identical load lists.
 Needs pyelftools and msgpack; not used at test time (the tests read only the JSON).
@@ -28,17 +29,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from elftools.elf.elffile import ELFFile
 import msgpack
+from elftools.elf.elffile import ELFFile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jax_aiter.aiter.validate import kernarg_sgpr, scan_loads  # noqa: E402  (the validator's load scan)
 
 FAMILIES = (("gfx950", "f4gemm"), ("gfx942", "bf16gemm"), ("gfx950", "bf16gemm"), ("gfx942", "f4gemm"))
 NT_AMDGPU_METADATA = 32
-
-# kernel_code_properties bits (AMDGPU code object v3+ kernel descriptor, byte 56) that place user SGPRs before
-# the kernarg segment pointer, with the number of SGPRs each takes.
-_USER_SGPRS_BEFORE_KERNARG = ((0, 4), (1, 2), (2, 2))  # private segment buffer, dispatch ptr, queue ptr
-_KERNARG_PTR_BIT = 3
-
 
 def hsa_root(path: Path) -> Path:
     """``path`` itself when it holds gfx*/ folders, else ``path/hsa`` (a checkout) or ``path/aiter_meta/hsa``."""
@@ -75,89 +73,6 @@ def _kernel_descriptor(elf: ELFFile, symbol: str) -> bytes:
                         off = sym.entry.st_value - start
                         return data[off:off + 64]
     raise ValueError(f"kernel descriptor {symbol} not found")
-
-
-def kernarg_sgpr(descriptor: bytes) -> tuple[int | None, int]:
-    """(first SGPR of the kernarg pointer pair or None when not enabled, number of preloaded kernarg dwords)."""
-    props = int.from_bytes(descriptor[56:58], "little")
-    preload = int.from_bytes(descriptor[58:60], "little") & 0x7F
-    if not props >> _KERNARG_PTR_BIT & 1:
-        return None, preload
-    return sum(n for bit, n in _USER_SGPRS_BEFORE_KERNARG if props >> bit & 1), preload
-
-
-_INSN = re.compile(r"^\s+([a-z0-9_]+)(?:\s+(.*?))?\s*(?://.*)?$")
-_SREG = re.compile(r"^s(\d+)$|^s\[(\d+):(\d+)\]$")
-_LOAD = re.compile(r"^s_load_(dword|dwordx2|dwordx4|dwordx8|dwordx16|b32|b64|b128|b256|b512)$")
-_WIDTH = {"dword": 4, "dwordx2": 8, "dwordx4": 16, "dwordx8": 32, "dwordx16": 64, "b32": 4, "b64": 8,
-          "b128": 16, "b256": 32, "b512": 64}
-# Instructions whose first operand is read, not written.
-_NO_DEST = ("s_cmp", "s_bitcmp", "s_store", "s_buffer_store", "buffer_store", "global_store", "flat_store",
-            "ds_write", "ds_store", "s_cbranch", "s_setreg", "s_waitcnt", "s_branch", "s_endpgm", "s_nop",
-            "s_barrier", "s_sendmsg", "s_dcache", "s_setprio", "s_sleep", "s_atomic")
-
-
-def _regs(operand: str) -> set[int]:
-    match = _SREG.match(operand.strip())
-    if not match:
-        return set()
-    if match.group(1) is not None:
-        return {int(match.group(1))}
-    return set(range(int(match.group(2)), int(match.group(3)) + 1))
-
-
-def _split_operands(text: str) -> list[str]:
-    return [o.strip() for o in text.split(",")] if text else []
-
-
-def scan_loads(disassembly: str, base: int) -> dict:
-    """Kernarg loads of one kernel's disassembly: [[offset, width, [use of each dword]]], and whether any load
-    from the kernarg pointer has a non-constant offset or the pointer is overwritten before its last load."""
-    insns = []
-    for line in disassembly.splitlines():
-        match = _INSN.match(line)
-        if match and not line.lstrip().startswith("//"):
-            insns.append((match.group(1), _split_operands(match.group(2) or "")))
-    aliases = {(base, base + 1)}
-    loads = []  # (index, offset, width, first dest register)
-    dynamic = []
-    for i, (mnemonic, ops) in enumerate(insns):
-        if _LOAD.match(mnemonic) and len(ops) >= 3:
-            pair = _regs(ops[1])
-            if len(pair) == 2 and (min(pair), max(pair)) in aliases:
-                width = _WIDTH[_LOAD.match(mnemonic).group(1)]
-                offset_text = ops[2].split()[0]
-                if re.fullmatch(r"0x[0-9a-fA-F]+|\d+", offset_text):
-                    loads.append((i, int(offset_text, 0), width, min(_regs(ops[0]))))
-                else:
-                    dynamic.append(f"{mnemonic} {', '.join(ops)}")
-            continue
-        if mnemonic == "s_mov_b64" and len(ops) == 2:
-            src, dst = _regs(ops[1]), _regs(ops[0])
-            if len(src) == 2 and (min(src), max(src)) in aliases and len(dst) == 2:
-                aliases.add((min(dst), max(dst)))
-    result = []
-    for index, offset, width, first in loads:
-        uses = []
-        for d in range(width // 4):
-            reg = first + d
-            use = "unread"
-            for mnemonic, ops in insns[index + 1:]:
-                dest_first = not mnemonic.startswith(_NO_DEST)
-                sources = ops[1:] if dest_first else ops
-                if any(reg in _regs(o) for o in sources):
-                    shift = re.fullmatch(r"s_(lshr|lshl)_b32", mnemonic)
-                    if shift and reg in _regs(ops[0]) and _regs(ops[0]) == _regs(ops[1]) and ops[2].isdigit():
-                        use = ("shr" if shift.group(1) == "lshr" else "shl") + ops[2]
-                    else:
-                        use = "raw"
-                    break
-                if dest_first and ops and reg in _regs(ops[0]):
-                    use = "overwritten"
-                    break
-            uses.append(use)
-        result.append([offset, width, uses])
-    return {"loads": sorted(result), "dynamic": dynamic}
 
 
 def kernel_disassembly(objdump: str, path: Path, arch: str, symbol: str) -> str:
