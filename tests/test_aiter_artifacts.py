@@ -26,7 +26,6 @@ import copy
 import json
 import re
 import shutil
-import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +41,7 @@ WHEEL = json.loads((FIXTURES / "wheel-0.1.7.post2.dev18.json").read_text())
 CXX = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import aiter_selection_oracle as oracle  # noqa: E402
+from aiter_code_objects import write_code_object  # noqa: E402
 
 CODE_OBJECTS, TABLES = validate._expand(PINNED)
 USED_TABLES = {"gfx950/f4gemm/f4gemm_bf16_per1x32Fp4.csv": "f4gemm",
@@ -329,43 +329,6 @@ def test_validator_rejects_the_older_wheel():
 # --- the ELF reader, on a code object written here -------------------------------------------------------------
 
 
-def _msgpack(value) -> bytes:
-    """A msgpack encoder for the types AMDGPU metadata uses."""
-    if isinstance(value, bool):
-        return b"\xc3" if value else b"\xc2"
-    if isinstance(value, int):
-        return bytes([value]) if 0 <= value < 128 else b"\xcd" + value.to_bytes(2, "big")
-    if isinstance(value, str):
-        raw = value.encode()
-        return (bytes([0xA0 | len(raw)]) if len(raw) < 32 else b"\xd9" + bytes([len(raw)])) + raw
-    if isinstance(value, list):
-        return bytes([0x90 | len(value)]) + b"".join(map(_msgpack, value)) if len(value) < 16 else \
-            b"\xdc" + len(value).to_bytes(2, "big") + b"".join(map(_msgpack, value))
-    if isinstance(value, dict):
-        return bytes([0x80 | len(value)]) + b"".join(_msgpack(k) + _msgpack(v) for k, v in value.items())
-    raise TypeError(value)
-
-
-def write_code_object(path: Path, kernel: str, args: list, kernarg_size: int) -> None:
-    """A minimal ELF64 AMDGPU code object: a note section with NT_AMDGPU_METADATA and a section-name table."""
-    meta = {"amdhsa.version": [1, 2], "amdhsa.target": "amdgcn-amd-amdhsa--gfx950",
-            "amdhsa.kernels": [{".name": kernel, ".symbol": kernel + ".kd", ".kernarg_segment_size": kernarg_size,
-                                ".args": [{".name": n, ".offset": o, ".size": s, ".value_kind": k}
-                                          for n, o, s, k in args]}]}
-    desc = _msgpack(meta)
-    note = struct.pack("<III", 7, len(desc), 32) + b"AMDGPU\0\0" + desc + b"\0" * (-len(desc) % 4)
-    names = b"\0.note\0.shstrtab\0"
-    note_off = 64
-    names_off = note_off + len(note)
-    shoff = names_off + len(names) + (-(names_off + len(names)) % 8)
-    header = b"\x7fELF" + bytes([2, 1, 1, 64, 3]) + b"\0" * 7 + struct.pack(
-        "<HHIQQQIHHHHHH", 3, 224, 1, 0, 0, shoff, 0, 64, 0, 0, 64, 3, 2)
-    sections = struct.pack("<IIQQQQIIQQ", 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
-    sections += struct.pack("<IIQQQQIIQQ", 1, 7, 0, 0, note_off, len(note), 0, 0, 4, 0)
-    sections += struct.pack("<IIQQQQIIQQ", 7, 3, 0, 0, names_off, len(names), 0, 0, 1, 0)
-    path.write_bytes(header + note + names + b"\0" * (shoff - names_off - len(names)) + sections)
-
-
 def _tree_from_fixture(root: Path, data: dict) -> None:
     code_objects, tables = validate._expand(data)
     for rel, table in tables.items():
@@ -400,3 +363,57 @@ def test_cli_check_aiter(tmp_path, capsys):
     (tmp_path / "hsa/gfx950/bf16gemm/bf16gemm_bf16_tn_256x256.co").unlink()
     assert cli.main(["check-aiter", str(tmp_path), "--no-disassembly"]) == 1
     assert "bf16gemm_bf16_tn_256x256.co: missing" in capsys.readouterr().out
+
+
+# --- manifest: assets are used only when validated for the pinned commit --------------------------------------
+
+
+def test_pinned_commit_constant_is_the_gitlink():
+    from jax_aiter.aiter import manifest
+
+    assert PINNED["source"]["aiter"] == manifest.PINNED_AITER_COMMIT
+    if shutil.which("git") and (REPO / ".git").exists():
+        line = subprocess.run(["git", "-C", str(REPO), "ls-files", "--stage", "--", "third_party/aiter"],
+                              capture_output=True, text=True).stdout.split()
+        if line:
+            assert line[:2] == ["160000", manifest.PINNED_AITER_COMMIT]
+
+
+def test_manifest_validation_gates_the_assets(tmp_path, monkeypatch):
+    from jax_aiter import _native
+    from jax_aiter.aiter import _support, manifest
+
+    pinned = manifest.PINNED_AITER_COMMIT
+    assert manifest.validation_problem(None) is None
+    assert "without validation" in manifest.validation_problem({"aiter_commit": pinned})
+    assert "failed validation (3 problems)" in manifest.validation_problem(
+        {"validated": {"aiter_commit": pinned, "problems": 3}})
+    assert "validated for AITER 569ae9881f72" in manifest.validation_problem(
+        {"validated": {"aiter_commit": "569ae9881f72e5d630d036172790fc90eb1592e8", "problems": 0}})
+    assert manifest.validation_problem({"validated": {"aiter_commit": pinned, "problems": 0}}) is None
+
+    stage = tmp_path / "aiter"
+    stage.mkdir()
+    key = manifest.BuildKey(pinned, ("gfx950",), "sha256:1")
+    monkeypatch.setattr(_native, "library_dir", lambda: tmp_path)
+    monkeypatch.setattr(_support, "local_arch", lambda: "gfx950")
+    for validated, reason in ((None, "without validation"),
+                              ({"aiter_commit": "0" * 40, "problems": 0}, "validated for AITER 000000000000"),
+                              ({"aiter_commit": pinned, "problems": 0}, None)):
+        manifest.write(stage, key, {}, validated)
+        _support.assets_problem.cache_clear()
+        _support.staged_archs.cache_clear()
+        problem = _support.arch_problem()
+        assert (problem is None) if reason is None else (reason in problem), problem
+        # The aiter gemm implementation is not selected, with that reason.
+        import jax
+        import jax.numpy as jnp
+
+        import jax_aiter.aiter.gemm  # noqa: F401
+        from jax_aiter import _backend
+
+        impl = next(i for i in _backend.implementations("gemm") if i.name == "aiter")
+        a, b = jax.ShapeDtypeStruct((8, 128), jnp.bfloat16), jax.ShapeDtypeStruct((64, 128), jnp.bfloat16)
+        assert impl.supports(a, b) == problem
+    _support.assets_problem.cache_clear()
+    _support.staged_archs.cache_clear()

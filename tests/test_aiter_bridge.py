@@ -20,7 +20,7 @@ import pytest
 
 import jax_aiter
 from jax_aiter import _backend, _native
-from jax_aiter.aiter import build, manifest
+from jax_aiter.aiter import build, manifest, validate
 
 # The op modules, then their aiter registrations (the op modules import these themselves once wired).
 import jax_aiter.gemm  # noqa: F401  isort: skip
@@ -35,6 +35,9 @@ from jax_aiter.aiter import _support  # noqa: E402
 from jax_aiter.gemm import gemm  # noqa: E402
 from jax_aiter.gemm_fp4 import gemm_fp4, gemm_fp4_bf16  # noqa: E402
 from jax_aiter.mha import flash_attn_func, flash_attn_varlen  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from aiter_code_objects import write_code_object  # noqa: E402
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,6 +245,23 @@ def _opus_definition(name: str, params: tuple[str, ...]) -> str:
     return f"OPUS_EXPORT void {name}({', '.join(declared)} // the stream (last)\n)\n{{\n}}\n"
 
 
+def _pinned_abis() -> dict:
+    """The argument lists of the pinned AITER's split-K code objects (tests/fixtures/aiter/e4048607.json)."""
+    data = json.loads((FIXTURES / "e4048607.json").read_text())
+    code_objects = data["code_objects"]
+    return {"f4gemm": data["abis"][code_objects["gfx950/f4gemm/f4gemm_bf16_per1x32Fp4_BpreShuffle_256x256.co"]["abi"]],
+            "bf16gemm": data["abis"][code_objects["gfx950/bf16gemm/bf16gemm_fp32bf16_tn_32x64_splitk_clean.co"]["abi"]]}
+
+
+_PINNED_ABIS = _pinned_abis()
+
+
+def _table_kernels(csv_path: Path) -> list[tuple[str, str]]:
+    lines = [line.split(",") for line in csv_path.read_text().splitlines() if line.strip()]
+    columns = [re.sub(r"[\s_]", "", c).lower() for c in lines[0]]
+    return [(row[columns.index("coname")], row[columns.index("knlname")]) for row in lines[1:]]
+
+
 def make_fake_aiter(root: Path, archs=("gfx942", "gfx950")) -> Path:
     (root / "aiter/jit").mkdir(parents=True)
     (root / "aiter/jit/core.py").write_text(_FAKE_CORE)
@@ -262,8 +282,9 @@ def make_fake_aiter(root: Path, archs=("gfx942", "gfx950")) -> Path:
             folder = root / "hsa" / arch / family
             folder.mkdir(parents=True)
             shutil.copy(tables[family], folder / table)
-            for co in build._table_code_objects(folder / table):
-                (folder / co).write_bytes(co.encode())
+            for co, kernel in _table_kernels(folder / table):
+                abi = _PINNED_ABIS[family]
+                write_code_object(folder / co, kernel, abi["args"], abi["kernarg_segment_size"])
             (folder / "src").mkdir()
             (folder / "src/build.sh").write_text("# kernel sources are not staged\n")
     for arch in archs:
@@ -297,7 +318,8 @@ def test_interface_check_accepts_the_documented_interface_and_names_each_differe
 
 
 @needs_git
-def test_stage_builds_reuses_and_refuses(tmp_path):
+def test_stage_builds_reuses_and_refuses(tmp_path, monkeypatch):
+    monkeypatch.setattr(validate, "find_objdump", lambda: None)  # the written code objects carry no machine code
     aiter = make_fake_aiter(tmp_path / "aiter")
     stage_dir, jit_dir = tmp_path / "stage", tmp_path / "jit"
     archs = ("gfx942", "gfx950")
@@ -307,6 +329,7 @@ def test_stage_builds_reuses_and_refuses(tmp_path):
     assert build.stage(aiter, stage_dir, jit_dir, archs, pinned=head, reuse_only=False) == "built"
     data = manifest.read(stage_dir)
     assert data["aiter_commit"] == head and data["gpu_archs"] == list(archs)
+    assert data["validated"] == {"aiter_commit": head, "problems": 0, "kernarg_loads_checked": False}
     assert {"libmha_fwd.so", "libmha_bwd.so", "libaiter_rmsnorm.so", "hsa/gfx950/f4gemm/f4gemm_bf16_per1x32Fp4.csv",
             "hsa/gfx942/bf16gemm/bf16gemm_fixture_32x64_splitk.co",
             "hsa/gfx950/fmha_v3_fwd/fwd_hd128_bf16.co"} <= set(data["files"])
