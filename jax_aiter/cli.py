@@ -1,5 +1,6 @@
 """The ``jax-aiter`` command: ``info`` (which implementation each op takes here), ``demo`` (train the tiny
-Llama-style model on the CPU or GPU) and ``convergence`` (the same model with BF16 vs each MXFP4 recipe)."""
+Llama-style model on the CPU or GPU), ``convergence`` (the same model with BF16 vs each MXFP4 recipe) and
+``check-aiter`` (an AITER tree's GEMM code objects and tables against the bridge's argument blocks)."""
 
 from __future__ import annotations
 
@@ -79,6 +80,27 @@ def cmd_convergence(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_check_aiter(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from jax_aiter.aiter import validate
+
+    objdump = None if args.no_disassembly else (args.objdump or validate.find_objdump())
+    try:
+        problems = validate.check_tree(Path(args.path), objdump)
+    except validate.ArtifactError as err:
+        print(f"check-aiter: {err}")
+        return 1
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"check-aiter: {len(problems)} problems", file=sys.stderr)
+        return 1
+    loads = "with kernarg loads" if objdump else "without disassembly (no llvm-objdump)"
+    print(f"check-aiter: no problems in {args.path} ({loads})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jax-aiter", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -94,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--recipes", nargs="*", help="recipe names (default: all)")
     conv.add_argument("--out", default="convergence-out", help="directory for convergence.json and .png")
     conv.set_defaults(run=cmd_convergence)
+    check = sub.add_parser("check-aiter", help="check an AITER checkout's GEMM code objects and kernel tables "
+                           "against the bridge's argument blocks and table schema")
+    check.add_argument("path", help="AITER checkout, its hsa/ folder or an installed stage")
+    check.add_argument("--objdump", help="llvm-objdump with AMDGPU support (default: ROCm's or PATH's)")
+    check.add_argument("--no-disassembly", action="store_true", help="skip the kernarg-load checks")
+    check.set_defaults(run=cmd_check_aiter)
     args = parser.parse_args(argv)
     return args.run(args)
 

@@ -21,8 +21,9 @@ import jax.numpy as jnp
 import pytest
 
 import jax_aiter
+from aiter_code_objects import write_code_object
 from jax_aiter import _backend, _native
-from jax_aiter.aiter import _support, manifest
+from jax_aiter.aiter import _support, manifest, validate
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import gemm_fp4, gemm_fp4_bf16
 from jax_aiter.mha import flash_attn_func, flash_attn_varlen
@@ -91,20 +92,20 @@ def _summary(result: dict) -> dict:
 
 
 def test_fp4_selection(host_driver):
+    # AITER's heuristic as gemm_a4w4 runs it: K is never split; the rows are walked in file order here (no arch).
     got = select(host_driver, "fp4", FIXTURES / "f4gemm_fixture.csv", [
         (8192, 8192, 8192, 256),  # 128x512: 1024 tiles = 4 full rounds; every other tile needs more rounds
         (8192, 8320, 8192, 256),  # N % 512 != 0 rules out 128x512; 192x256: 43*33 tiles = 6 rounds
-        (32, 512, 16384, 256),  # one tile: split 16 fills the most CUs
-        (32, 512, 1024, 256),  # K/8 and K/16 round up to 256, so z stays 4: split 4 is found first
-        (33, 128, 256, 256),  # M = 33 -> 64 output rows; 32x128 has the fewest idle CUs
+        (32, 512, 16384, 256),  # one round for all; 192x256 comes later with fewer idle CUs than 32x128 and 64x256
+        (33, 128, 256, 256),  # M = 33 -> 64 output rows; one tile of 192x256 idles the most CUs but is the most
+        #                       efficient tile of the round, which AITER also accepts
         (4096, 4096, 4096, 80),  # an 80-CU part: 256 tiles of 128x512 = 4 rounds
     ])
     assert [_summary(r) for r in got] == [
         _choice((128, 512), 1, (16, 64, 1), 8192),
         _choice((192, 256), 1, (33, 43, 1), 8192),
-        _choice((128, 512), 16, (1, 1, 16), 32),
-        _choice((128, 512), 4, (1, 1, 4), 32),
-        _choice((32, 128), 1, (1, 2, 1), 64),
+        _choice((192, 256), 1, (2, 1, 1), 32),
+        _choice((192, 256), 1, (1, 1, 1), 64),
         _choice((128, 512), 1, (8, 32, 1), 4096),
     ]
     # The non-pre-shuffled and the persistent rows are never taken.
@@ -119,6 +120,7 @@ def test_bf16_selection(host_driver):
         (64, 256, 4096, 304),  # 8 tiles of 32x64: split = max(2, min(304/8, 16, 4096/64)) = 16
         (1, 64, 64, 304),  # K/subK = 1: no split; 32x64 pads M less than 64x64
         (65536, 32768, 64, 304),  # M*N = 2^31
+        (48640, 64, 64, 304),  # 304 tiles of 160x64 fill one round: a bias-capable row serves a call without bias
     ])
     assert "multiple of 64" in got[0]["error"]
     assert "no BF16 GEMM kernel" in got[1]["error"]
@@ -128,8 +130,9 @@ def test_bf16_selection(host_driver):
         _choice((32, 64), 1, (1, 1, 1), 1),
     ]
     assert "2^31" in got[5]["error"]
-    # Pre-shuffled-B and bias rows are never taken.
-    assert not any("bshuffle" in r.get("kernel", "") or "bias" in r.get("kernel", "") for r in got)
+    assert _summary(got[6]) == _choice((160, 64), 1, (1, 304, 1), 48640)
+    # Pre-shuffled-B rows are never taken.
+    assert not any("bshuffle" in r.get("kernel", "") for r in got)
     # A table from before subK existed: split-capable rows run unsplit.
     legacy = select(host_driver, "bf16", FIXTURES / "bf16gemm_legacy_fixture.csv", [(64, 256, 4096, 304)])
     assert _summary(legacy[0]) == _choice((32, 64), 1, (4, 2, 1), 64)
@@ -236,6 +239,23 @@ def _opus_definition(name: str, params: tuple[str, ...]) -> str:
     return f"OPUS_EXPORT void {name}({', '.join(declared)} // the stream (last)\n)\n{{\n}}\n"
 
 
+def _pinned_abis() -> dict:
+    """The argument lists of the pinned AITER's split-K code objects (tests/fixtures/aiter/e4048607.json)."""
+    data = json.loads((FIXTURES / "e4048607.json").read_text())
+    code_objects = data["code_objects"]
+    return {"f4gemm": data["abis"][code_objects["gfx950/f4gemm/f4gemm_bf16_per1x32Fp4_BpreShuffle_256x256.co"]["abi"]],
+            "bf16gemm": data["abis"][code_objects["gfx950/bf16gemm/bf16gemm_fp32bf16_tn_32x64_splitk_clean.co"]["abi"]]}
+
+
+_PINNED_ABIS = _pinned_abis()
+
+
+def _table_kernels(csv_path: Path) -> list[tuple[str, str]]:
+    lines = [line.split(",") for line in csv_path.read_text().splitlines() if line.strip()]
+    columns = [re.sub(r"[\s_]", "", c).lower() for c in lines[0]]
+    return [(row[columns.index("coname")], row[columns.index("knlname")]) for row in lines[1:]]
+
+
 def make_fake_aiter(root: Path, archs=("gfx942", "gfx950")) -> Path:
     (root / "aiter/jit").mkdir(parents=True)
     (root / "aiter/jit/core.py").write_text(_FAKE_CORE)
@@ -256,8 +276,9 @@ def make_fake_aiter(root: Path, archs=("gfx942", "gfx950")) -> Path:
             folder = root / "hsa" / arch / family
             folder.mkdir(parents=True)
             shutil.copy(tables[family], folder / table)
-            for co in build._table_code_objects(folder / table):
-                (folder / co).write_bytes(co.encode())
+            for co, kernel in _table_kernels(folder / table):
+                abi = _PINNED_ABIS[family]
+                write_code_object(folder / co, kernel, abi["args"], abi["kernarg_segment_size"])
             (folder / "src").mkdir()
             (folder / "src/build.sh").write_text("# kernel sources are not staged\n")
     for arch in archs:
@@ -291,7 +312,8 @@ def test_interface_check_accepts_the_documented_interface_and_names_each_differe
 
 
 @needs_git
-def test_stage_builds_reuses_and_refuses(tmp_path):
+def test_stage_builds_reuses_and_refuses(tmp_path, monkeypatch):
+    monkeypatch.setattr(validate, "find_objdump", lambda: None)  # the written code objects carry no machine code
     aiter = make_fake_aiter(tmp_path / "aiter")
     stage_dir, jit_dir = tmp_path / "stage", tmp_path / "jit"
     archs = ("gfx942", "gfx950")
@@ -301,6 +323,7 @@ def test_stage_builds_reuses_and_refuses(tmp_path):
     assert build.stage(aiter, stage_dir, jit_dir, archs, pinned=head, reuse_only=False) == "built"
     data = manifest.read(stage_dir)
     assert data["aiter_commit"] == head and data["gpu_archs"] == list(archs)
+    assert data["validated"] == {"aiter_commit": head, "problems": 0, "kernarg_loads_checked": False}
     assert {"libmha_fwd.so", "libmha_bwd.so", "libaiter_rmsnorm.so", "hsa/gfx950/f4gemm/f4gemm_bf16_per1x32Fp4.csv",
             "hsa/gfx942/bf16gemm/bf16gemm_fixture_32x64_splitk.co",
             "hsa/gfx950/fmha_v3_fwd/fwd_hd128_bf16.co"} <= set(data["files"])

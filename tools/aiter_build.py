@@ -40,7 +40,7 @@ if __name__ == "__main__":
     # As a script, Python puts tools/ first on sys.path; the manifest module is the checkout's own.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jax_aiter.aiter import manifest  # noqa: E402
+from jax_aiter.aiter import manifest, validate  # noqa: E402
 
 
 def checkout_root() -> Path:
@@ -326,6 +326,11 @@ def stage(aiter: Path, stage_dir: Path, jit_dir: Path, archs: Sequence[str], *, 
     if stage_dir.exists():
         print("build-aiter: rebuilding because\n  " + "\n  ".join(problems), flush=True)
     interface = check_interface(aiter, archs)
+    # The ASM GEMM code objects and tables against the bridge's argument blocks (and, with an llvm-objdump,
+    # the kernarg loads of their code). Its verdict goes into the manifest: the runtime refuses assets without it.
+    objdump = validate.find_objdump()
+    artifact_problems = validate.check_tree(aiter, objdump, tuple(archs))
+    interface += artifact_problems
     if interface:
         raise BuildError(f"AITER at {key.aiter_commit} differs from what the bridge was written against:\n  "
                          + "\n  ".join(interface) + "\nUpdate csrc/aiter and tools/aiter_build.py together "
@@ -345,7 +350,9 @@ def stage(aiter: Path, stage_dir: Path, jit_dir: Path, archs: Sequence[str], *, 
     for name, built in libraries.items():
         shutil.copy2(built, fresh / name)
     _stage_assets(aiter, fresh, archs)
-    manifest.write(fresh, key, _provenance())
+    manifest.write(fresh, key, _provenance(),
+                   validated={"aiter_commit": key.aiter_commit, "problems": len(artifact_problems),
+                              "kernarg_loads_checked": objdump is not None})
     # Swap in the complete stage only now: an interrupted build never leaves a half stage behind a manifest.
     shutil.rmtree(stage_dir, ignore_errors=True)
     fresh.rename(stage_dir)

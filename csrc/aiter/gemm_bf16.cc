@@ -50,7 +50,8 @@ ffi::Error GemmBf16(hipStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::A
   const KernelTable* table = nullptr;
   if (std::string err = kernel_table(info.arch, kFamily, kTable, &table); !err.empty()) return internal(err);
   Bf16Choice choice;
-  if (std::string err = select_bf16_kernel(*table, GemmProblem{m, n, k}, info.num_cu, &choice); !err.empty())
+  if (std::string err = select_bf16_kernel(*table, GemmProblem{m, n, k, info.arch}, info.num_cu, &choice);
+      !err.empty())
     return invalid(err);
   const KernelRow& row = table->rows[choice.row];
   if (m < row.tile_m && a_dims[0] < row.tile_m)

@@ -61,7 +61,8 @@ ffi::Error GemmFp4(hipStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::An
   if (std::string err = kernel_table(info.arch, kFamily, kTable, &table); !err.empty())
     return internal(err + " (AITER has FP4 GEMM kernels for gfx950 only)");
   Fp4Choice choice;
-  if (std::string err = select_fp4_kernel(*table, GemmProblem{m, n, k}, info.num_cu, &choice); !err.empty())
+  if (std::string err = select_fp4_kernel(*table, GemmProblem{m, n, k, info.arch}, info.num_cu, &choice);
+      !err.empty())
     return invalid(err);
   const KernelRow& row = table->rows[choice.row];
   hipFunction_t function = nullptr;

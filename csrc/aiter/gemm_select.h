@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "kernel_table.h"
 
@@ -14,7 +15,14 @@ struct GemmProblem {
   int64_t m = 0;
   int64_t n = 0;
   int64_t k = 0;
+  // The device architecture ("gfx950"). AITER walks the table rows in the order of an std::unordered_map keyed
+  // by arch + kernel name, and its comparisons make the walk order matter; with the arch the selection walks
+  // the same order (AITER built for this architecture), without it file order.
+  std::string arch;
 };
+
+// The order in which AITER's selection visits the rows of `table` on `arch` (file order when arch is empty).
+std::vector<int> aiter_walk_order(const KernelTable& table, const std::string& arch);
 
 struct LaunchGrid {
   unsigned x = 0;  // tiles along N
@@ -37,17 +45,18 @@ struct Bf16Choice {
 // Rows the FP4 GEMM kernel writes: ceil(M / 32) * 32. The output buffer must have that many.
 int64_t fp4_output_rows(int64_t m);
 
-// FP4 (a4w4) with B pre-shuffled. Candidates: pre-shuffled, non-persistent rows; the 128x512 tile only when
-// N % 512 == 0. Split-capable rows try 2^s in {1, 2, 4, 8, 16} dividing K; a split of K is rounded up to a
-// multiple of 256, which fixes the number of z-blocks. The choice minimises (rounds, idle CUs in the last round,
-// -tileM*tileN/(tileM+tileN)) with rounds = ceil(blocks / num_cu); the first row wins a full tie.
-// Returns an empty string on success, else why nothing fits.
+// FP4 (a4w4) with B pre-shuffled: AITER's heuristic as gemm_a4w4 runs it (log2_k_split = 0, so K is never
+// split). Candidates: pre-shuffled, non-persistent rows; the 128x512 tile only when N % 512 == 0. A row replaces
+// the current choice when it needs fewer rounds (ceil(tiles / num_cu)), or as many with fewer idle CUs or a
+// larger integer tileM*tileN/(tileM+tileN). Returns an empty string on success, else why nothing fits.
 std::string select_fp4_kernel(const KernelTable& table, const GemmProblem& problem, int num_cu, Fp4Choice* choice);
 
-// BF16 (a16w16), B not shuffled, no bias. Needs K % 64 == 0 and N % tileN == 0 (the kernels do not pad).
-// A split-capable row with K / subK >= 2 runs split = max(2, min(num_cu / tiles, 16, K / subK)) and only while
-// the output tiles fit the [16, 64] semaphore (tiles <= 1024). The choice minimises (rounds, idle CUs, rows
-// of M padding, -tileM*tileN/(tileM+tileN)). M * N must stay below 2^31 (the kernels' 32-bit offsets).
+// BF16 (a16w16), B not shuffled, no bias: AITER's heuristic (bias-capable rows serve too). Needs K % 64 == 0
+// and N % tileN == 0 (the kernels do not pad N). A split-capable row with K / subK >= 2 runs
+// split = max(2, min(num_cu / tiles, 16, K / subK)) and is passed over when its tiles exceed the [16, 64]
+// semaphore (AITER would refuse the launch). A row replaces the current choice when it needs fewer rounds, or
+// as many with fewer idle CUs or less M padding, or as many with equal idle CUs and padding and a larger
+// tileM*tileN/(tileM+tileN). M * N must stay below 2^31 (the kernels' 32-bit offsets).
 std::string select_bf16_kernel(const KernelTable& table, const GemmProblem& problem, int num_cu,
                                Bf16Choice* choice);
 

@@ -41,6 +41,17 @@ def local_arch() -> str | None:
 
 
 @functools.cache
+def assets_problem() -> str | None:
+    """Why the installed AITER assets are refused (see manifest.validation_problem); None when none are
+    installed or they may be used."""
+    try:
+        found = manifest.read(_native.library_dir() / "aiter")
+    except manifest.ManifestError as err:
+        return str(err)
+    return manifest.validation_problem(found)
+
+
+@functools.cache
 def staged_archs() -> tuple[str, ...] | None:
     """Architectures of the installed AITER assets (their manifest), None when none are installed."""
     try:
@@ -51,7 +62,10 @@ def staged_archs() -> tuple[str, ...] | None:
 
 
 def arch_problem(needs: tuple[str, ...] = SUPPORTED_ARCHS) -> str | None:
-    """Why this machine's ROCm device cannot run a kernel built for ``needs``; None when it can or is unknown."""
+    """Why this machine's ROCm device cannot run a kernel built for ``needs``, or the installed assets are
+    refused; None when it can or is unknown."""
+    if refused := assets_problem():
+        return refused
     arch = local_arch()
     if arch is None:
         return None

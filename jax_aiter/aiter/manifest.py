@@ -19,6 +19,9 @@ from typing import Any
 
 SCHEMA = 1
 FILE_NAME = "manifest.json"
+# The AITER commit the bridge was checked against (third_party/aiter's gitlink; a test keeps them equal). Staged
+# assets are used only when their manifest records that jax_aiter.aiter.validate passed on this commit.
+PINNED_AITER_COMMIT = "e4048607a535ace3a2b51ded31b1c8c2d45c0879"
 _ARCH = re.compile(r"gfx[0-9a-f]+")
 
 
@@ -76,9 +79,14 @@ def hash_tree(stage: Path) -> dict[str, str]:
             for path in sorted(stage.rglob("*")) if path.is_file() and path.name != FILE_NAME}
 
 
-def write(stage: Path, key: BuildKey, provenance: Mapping[str, str]) -> dict[str, Any]:
-    """Record ``key``, ``provenance`` and the hashes of the files now under ``stage``; returns the manifest."""
+def write(stage: Path, key: BuildKey, provenance: Mapping[str, str],
+          validated: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Record ``key``, ``provenance``, the validation of the staged artifacts (``validated``: the AITER commit
+    jax_aiter.aiter.validate passed on, and how) and the hashes of the files now under ``stage``; returns the
+    manifest."""
     data = {"schema": SCHEMA, **key.as_json(), "provenance": dict(provenance), "files": hash_tree(stage)}
+    if validated is not None:
+        data["validated"] = dict(validated)
     tmp = stage / (FILE_NAME + ".tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     os.replace(tmp, stage / FILE_NAME)  # a crash mid-write leaves no manifest, never a half one
@@ -122,3 +130,19 @@ def mismatches(stage: Path, key: BuildKey, *, verify_files: bool = True) -> list
             elif present[rel] != recorded[rel]:
                 problems.append(f"{rel}: contents changed since staging")
     return problems
+
+
+def validation_problem(data: Mapping[str, Any] | None, pinned: str = PINNED_AITER_COMMIT) -> str | None:
+    """Why the assets a manifest describes must not be used: no record that the validator passed on them, or
+    passed on another AITER commit than the one the bridge pins. None when they may be used."""
+    if data is None:
+        return None
+    validated = data.get("validated")
+    if not isinstance(validated, Mapping) or "aiter_commit" not in validated:
+        return "the installed AITER assets were staged without validation (rebuild with scripts/build-aiter.sh)"
+    if validated.get("problems", 1) != 0:
+        return f"the installed AITER assets failed validation ({validated.get('problems')} problems)"
+    if validated["aiter_commit"] != pinned:
+        return (f"the installed AITER assets were validated for AITER {str(validated['aiter_commit'])[:12]}, "
+                f"this jax-aiter is checked against {pinned[:12]}")
+    return None
