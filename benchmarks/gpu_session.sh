@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything one GPU session needs, in one command (device time is scarce): build the native libraries,
-# run the gpu tier of tests/test_native_kernels.py, run benchmarks/bench_kernels.py. Logs and the benchmark
+# run the gpu tier of the test suite, run benchmarks/bench_kernels.py. Logs and the benchmark
 # JSON go to $OUT (the device tool's result folder) or ./out. BENCH=0 skips the benchmark.
 #   benchmarks/gpu_session.sh [extra pytest args]
 set -uo pipefail
@@ -27,7 +27,7 @@ echo "build: $((SECONDS - start)) s"
 export JAX_AITER_LIB_DIR=$PWD/build/dev/install/jax_aiter/lib PYTHONPATH=$PWD
 
 start=$SECONDS
-timeout "${TEST_TIMEOUT:-300}" "$python" -m pytest tests/test_native_kernels.py -m gpu -q -p no:cacheprovider \
+timeout "${TEST_TIMEOUT:-300}" "$python" -m pytest tests -m gpu -q -p no:cacheprovider \
   -rfEs "$@" >"$out/pytest_gpu.log" 2>&1
 echo "tests: exit $?, $((SECONDS - start)) s"
 tail -15 "$out/pytest_gpu.log"
