@@ -33,8 +33,8 @@ sources=(
   csrc/aiter/gemm_select.cc
   csrc/aiter/asm_launcher.cc
   csrc/aiter/gemm_fp4.cc
-  csrc/aiter/gemm_bf16.cc
-  csrc/aiter/rms_norm.cc
+  csrc/aiter/gemm.cc
+  csrc/aiter/rmsnorm.cc
   csrc/aiter/targets.cc
   csrc/aiter/mha.cc
   csrc/aiter/mha_targets.cc

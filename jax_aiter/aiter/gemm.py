@@ -1,4 +1,4 @@
-"""``gemm`` on ROCm through AITER's a16w16 ASM kernels (csrc/aiter/gemm_bf16.cc); imported by jax_aiter.gemm.
+"""``gemm`` on ROCm through AITER's a16w16 ASM kernels (csrc/aiter/gemm.cc); imported by jax_aiter.gemm.
 
 The forward GEMM runs on AITER with float32 output, rounded to the input dtype by XLA: one rounding of a
 float32 accumulation for every split-K choice, as the op's contract says (the kernels' bf16 output mode would

@@ -1,4 +1,4 @@
-"""``rms_norm`` and ``rms_norm_with_add`` on ROCm through AITER's opus RMSNorm (csrc/aiter/rms_norm.cc);
+"""``rms_norm`` and ``rms_norm_with_add`` on ROCm through AITER's opus RMSNorm (csrc/aiter/rmsnorm.cc);
 imported by jax_aiter.rmsnorm.
 
 AITER provides the forward kernels only; the backward pass is the reference's, differentiated by JAX from the
