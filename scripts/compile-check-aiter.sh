@@ -2,8 +2,10 @@
 # Compile-check the AITER bridge (csrc/aiter) as HIP for every architecture in GPU_ARCHS (default
 # "gfx942;gfx950") with Debian's clang-22 and the HIP headers of libamdhip64-dev; no GPU needed. The ASM
 # launcher and the GEMM and RMSNorm handlers need no AITER headers. The MHA handlers include AITER's
-# mha_fwd.h / mha_bwd.h: with third_party/aiter checked out they compile against those; without it against the
-# stand-in declarations in tests/fixtures/aiter/api_standin (a consistency check of mha.cc, not of AITER).
+# mha_fwd.h / mha_bwd.h. With an AITER checkout (first argument, else $AITER_DIR, else third_party/aiter when
+# checked out) they compile against its headers, and tools/aiter_api_layout.py compares the stand-ins with
+# them; without one, against the stand-in declarations in tests/fixtures/aiter/api_standin, whose layout
+# tools/aiter_api_layout.py then checks against the one recorded from the pinned commit's real headers.
 # Installs the toolchain with apt-get when it is missing (needs root or sudo).
 #
 # Objects are compiled with -fgpu-rdc: the sources are host code only (the device code is AITER's prebuilt
@@ -39,12 +41,23 @@ sources=(
   csrc/aiter/mha.cc
   csrc/aiter/mha_targets.cc
 )
-if [ -f third_party/aiter/csrc/include/mha_fwd.h ]; then
-  mha_includes="-isystem third_party/aiter/csrc/include"
-  echo "compile-check-aiter: MHA handlers against third_party/aiter's headers"
+aiter_dir=${1:-${AITER_DIR:-}}
+if [ -z "$aiter_dir" ] && [ -f third_party/aiter/csrc/include/mha_fwd.h ]; then
+  aiter_dir=third_party/aiter
+fi
+if [ -n "$aiter_dir" ]; then
+  if [ ! -f "$aiter_dir/csrc/include/mha_fwd.h" ]; then
+    echo "compile-check-aiter: $aiter_dir is not an AITER checkout (no csrc/include/mha_fwd.h)" >&2
+    exit 1
+  fi
+  # tools/aiter_hip_compat.h: what AITER's headers need beyond Debian's HIP 5.2 headers (see the file).
+  mha_includes="-isystem $aiter_dir/csrc/include -include tools/aiter_hip_compat.h"
+  echo "compile-check-aiter: MHA handlers against the headers of $aiter_dir"
+  "$PYTHON" tools/aiter_api_layout.py check --aiter "$aiter_dir" --clang "$CLANG"
 else
   mha_includes="-Itests/fixtures/aiter/api_standin"
-  echo "compile-check-aiter: third_party/aiter is not checked out; MHA handlers against the stand-in declarations"
+  echo "compile-check-aiter: no AITER checkout; MHA handlers against the stand-in declarations"
+  "$PYTHON" tools/aiter_api_layout.py check
 fi
 
 IFS=';' read -r -a archs <<<"$GPU_ARCHS"
