@@ -384,7 +384,9 @@ ffi::Error MhaBackward(const char* op, hipStream_t stream, int32_t device, ffi::
   args.drop_seed_offset = std::pair<uint64_t, uint64_t>{0, 0};
   // AITER sizes its own workspaces (dq accumulators, ...) and asks for memory here: XLA's scratch allocator,
   // which keeps it until this handler returns and reuses it only after this stream's work (stream order).
+  // At e4048607 mha_bwd asks for its CK workspace unconditionally, possibly 0 bytes: no allocation then.
   args.workspace_alloc = [&](size_t bytes, bool zero_init) -> void* {
+    if (bytes == 0) return nullptr;
     std::optional<void*> ptr = scratch.Allocate(bytes, 256);
     if (!ptr.has_value()) {
       alloc_error = "XLA could not allocate " + std::to_string(bytes) + " bytes of scratch";
