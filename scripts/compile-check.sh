@@ -6,7 +6,8 @@
 #          ROCm device libraries for clang-22, so a device-only `-c` cannot link its code object; the check stops
 #          after code generation (-S), which runs the same front end and AMDGPU back end, and reports VGPR spills
 #          and whether any kernel came out as wave32.
-#   aiter  the AITER bridge (csrc/aiter) as HIP for every architecture in GPU_ARCHS (see check_aiter).
+#   aiter  the AITER bridge (csrc/aiter) as HIP for every architecture in GPU_ARCHS (see check_aiter); an AITER
+#          checkout (AITER_DIR, else third_party/aiter when checked out) makes it compile against AITER's headers.
 #   all    cuda, hip and aiter (the default).
 # The hip and aiter modes share one toolchain: clang-22 and the HIP headers of libamdhip64-dev, installed with
 # apt-get when missing (CI machines start bare; needs root or sudo).
@@ -116,8 +117,10 @@ check_hip() {
 # --- aiter: the AITER bridge --------------------------------------------------------------------------------
 # csrc/aiter as HIP for every architecture in GPU_ARCHS (default "gfx942;gfx950"); no GPU needed. The ASM
 # launcher and the GEMM and RMSNorm handlers need no AITER headers. The MHA handlers include AITER's
-# mha_fwd.h / mha_bwd.h: with third_party/aiter checked out they compile against those; without it against the
-# stand-in declarations in tests/fixtures/aiter/api_standin (a consistency check of mha.cc, not of AITER).
+# mha_fwd.h / mha_bwd.h. With an AITER checkout (AITER_DIR, else third_party/aiter when checked out) they compile
+# against its headers, and tools/aiter_api_layout.py compares the stand-ins with them; without one, against the
+# stand-in declarations in tests/fixtures/aiter/api_standin, whose layout tools/aiter_api_layout.py then checks
+# against the one recorded from the pinned commit's real headers.
 # Objects are compiled with -fgpu-rdc: the sources are host code only (the device code is AITER's prebuilt
 # code objects), and relocatable device code skips the device link, which would want ROCm's device libraries.
 
@@ -137,20 +140,32 @@ check_aiter() {
     csrc/aiter/gemm_select.cc
     csrc/aiter/asm_launcher.cc
     csrc/aiter/gemm_fp4.cc
-    csrc/aiter/gemm_bf16.cc
-    csrc/aiter/rms_norm.cc
+    csrc/aiter/gemm.cc
+    csrc/aiter/rmsnorm.cc
     csrc/aiter/targets.cc
     csrc/aiter/mha.cc
     csrc/aiter/mha_targets.cc
   )
   local archs
   IFS=';' read -r -a archs <<<"${GPU_ARCHS:-gfx942;gfx950}"
-  if [[ -f third_party/aiter/csrc/include/mha_fwd.h ]]; then
-    mha_includes="-isystem third_party/aiter/csrc/include"
-    echo "== AITER bridge: MHA handlers against third_party/aiter's headers"
+  local aiter_dir=${AITER_DIR:-}
+  if [[ -z $aiter_dir && -f third_party/aiter/csrc/include/mha_fwd.h ]]; then
+    aiter_dir=third_party/aiter
+  fi
+  if [[ -n $aiter_dir ]]; then
+    if [[ ! -f $aiter_dir/csrc/include/mha_fwd.h ]]; then
+      echo "compile-check: $aiter_dir is not an AITER checkout (no csrc/include/mha_fwd.h)" >&2
+      status=1
+      return
+    fi
+    # tools/aiter_hip_compat.h: what AITER's headers need beyond Debian's HIP 5.2 headers (see the file).
+    mha_includes="-isystem $aiter_dir/csrc/include -include tools/aiter_hip_compat.h"
+    echo "== AITER bridge: MHA handlers against the headers of $aiter_dir"
+    "$python" tools/aiter_api_layout.py check --aiter "$aiter_dir" --clang "$clang" || status=1
   else
     mha_includes="-Itests/fixtures/aiter/api_standin"
-    echo "== AITER bridge: third_party/aiter is not checked out; MHA handlers against the stand-in declarations"
+    echo "== AITER bridge: no AITER checkout; MHA handlers against the stand-in declarations"
+    "$python" tools/aiter_api_layout.py check || status=1
   fi
   export -f aiter_compile_one
   export clang llvm_bin out xla_include mha_includes

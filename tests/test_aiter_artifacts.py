@@ -131,7 +131,7 @@ def _launcher_assignments(source: str) -> set[str]:
 
 
 def test_every_loaded_offset_is_a_field_the_launcher_sets_in_the_kernels_unit():
-    assigned = {"f4gemm": _launcher_assignments("gemm_fp4.cc"), "bf16gemm": _launcher_assignments("gemm_bf16.cc")}
+    assigned = {"f4gemm": _launcher_assignments("gemm_fp4.cc"), "bf16gemm": _launcher_assignments("gemm.cc")}
     for family, layout in validate.LAYOUTS.items():
         # validate.LAYOUTS says "set" exactly for what the launcher assigns (the rest is memset to zero).
         assert {f.member for f in layout.fields if f.launcher.startswith("set")} == assigned[family]

@@ -370,6 +370,27 @@ def test_standin_headers_and_build_check_list_exactly_what_mha_cc_sets():
         assert all(re.search(rf"\b{m}\b", declared) for m in members)
 
 
+def _layout_tool():
+    spec = importlib.util.spec_from_file_location("aiter_api_layout", REPO / "tools" / "aiter_api_layout.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@needs_cxx
+def test_standin_declarations_have_the_real_layout_at_the_pin():
+    # The stand-ins, compiled on the host, against the layout tools/aiter_api_layout.py recorded from AITER's own
+    # headers at the pinned commit: every member mha.cc sets (offset, size, type), every stream_config member
+    # (and its default), the structs' sizes and the entry points' types.
+    tool = _layout_tool()
+    recorded = json.loads(tool.FIXTURE.read_text())
+    assert recorded["provenance"]["aiter_commit"] == tool.AITER_COMMIT
+    assert tool.differences(tool.standin_layout(CXX), recorded) == []
+    fwd, bwd = tool.used_members()
+    assert set(recorded["structs"]["aiter::mha_fwd_args"]["members"]) == set(fwd) == set(build.MHA_FWD_MEMBERS)
+    assert set(recorded["structs"]["aiter::mha_bwd_args"]["members"]) == set(bwd) == set(build.MHA_BWD_MEMBERS)
+
+
 # --- registration, supports, lowering for ROCm ------------------------------------------------------------------
 
 

@@ -56,8 +56,8 @@ CONFIG_FILES = ("scripts/build-aiter.sh", "tools/aiter_build.py", "jax_aiter/ait
 
 # AITER JIT modules -> the file name they are staged under.
 MHA_MODULES = {"libmha_fwd": "libmha_fwd.so", "libmha_bwd": "libmha_bwd.so"}
-RMSNORM_LIBRARY = "libaiter_rmsnorm.so"  # csrc/aiter/rms_norm.cc opens this name
-# The opus RMSNorm C entry points and their parameters, in order, as csrc/aiter/rms_norm.cc declares them.
+RMSNORM_LIBRARY = "libaiter_rmsnorm.so"  # csrc/aiter/rmsnorm.cc opens this name
+# The opus RMSNorm C entry points and their parameters, in order, as csrc/aiter/rmsnorm.cc declares them.
 RMSNORM_SIGNATURES = {
     "rms_norm_opus": ("out", "in", "weight", "epsilon", "rows", "hidden", "in_s", "dtype", "model_sensitive",
                       "gemma", "stream"),

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "asm_kernel_args.h"
-#include "asm_launcher.h"
 #include "gemm_select.h"
+#include "handler.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -18,12 +18,10 @@ namespace ffi = xla::ffi;
 namespace jax_aiter::aiter {
 namespace {
 
+constexpr const char* kOp = "ja_aiter_gemm_fp4";
 // The family folder and table of AITER's fp4 GEMM code objects (gfx950 only); build-aiter checks both.
 constexpr const char* kFamily = "f4gemm";
 constexpr const char* kTable = "f4gemm_bf16_per1x32Fp4.csv";
-
-ffi::Error internal(const std::string& message) { return ffi::Error::Internal("ja_aiter_gemm_fp4: " + message); }
-ffi::Error invalid(const std::string& message) { return ffi::Error::InvalidArgument("ja_aiter_gemm_fp4: " + message); }
 
 int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
@@ -37,37 +35,35 @@ ffi::Error GemmFp4(hipStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::An
   const auto bs_dims = b_scale.dimensions();
   const auto out_dims = out->dimensions();
   if (a_dims.size() != 2 || b_dims.size() != 2 || as_dims.size() != 2 || bs_dims.size() != 2 || out_dims.size() != 2)
-    return invalid("all operands and out must be rank 2");
+    return invalid(kOp, "all operands and out must be rank 2");
   if (a.element_type() != ffi::DataType::U8 || b.element_type() != ffi::DataType::U8)
-    return invalid("A and B must be uint8 (two fp4 codes per byte)");
+    return invalid(kOp, "A and B must be uint8 (two fp4 codes per byte)");
   if (!is_scale_type(a_scale.element_type()) || !is_scale_type(b_scale.element_type()))
-    return invalid("A_scale and B_scale must be uint8 or float8_e8m0fnu");
-  if (out->element_type() != ffi::DataType::BF16) return invalid("out must be bfloat16");
+    return invalid(kOp, "A_scale and B_scale must be uint8 or float8_e8m0fnu");
+  if (out->element_type() != ffi::DataType::BF16) return invalid(kOp, "out must be bfloat16");
   const int64_t m = a_dims[0], n = b_dims[0], k = 2 * a_dims[1];
-  if (b_dims[1] != a_dims[1]) return invalid("A and B must have the same number of packed columns (K/2)");
+  if (b_dims[1] != a_dims[1]) return invalid(kOp, "A and B must have the same number of packed columns (K/2)");
   // The (16,16) shuffle of B needs N % 16 == 0 and (K/2) % 32 == 0.
-  if (k % 64 != 0 || n % 16 != 0) return invalid("K must be a multiple of 64 and N a multiple of 16");
+  if (k % 64 != 0 || n % 16 != 0) return invalid(kOp, "K must be a multiple of 64 and N a multiple of 16");
   const int64_t scale_cols = round_up(k / 32, 8);
   if (as_dims[0] != round_up(m, 256) || as_dims[1] != scale_cols)
-    return invalid("A_scale must be the shuffled, padded [ceil(M/256)*256, ceil(K/256)*8] layout");
+    return invalid(kOp, "A_scale must be the shuffled, padded [ceil(M/256)*256, ceil(K/256)*8] layout");
   if (bs_dims[0] != round_up(n, 256) || bs_dims[1] != scale_cols)
-    return invalid("B_scale must be the shuffled, padded [ceil(N/256)*256, ceil(K/256)*8] layout");
-  if (out_dims[0] != fp4_output_rows(m) || out_dims[1] != n) return invalid("out must be [ceil(M/32)*32, N]");
+    return invalid(kOp, "B_scale must be the shuffled, padded [ceil(N/256)*256, ceil(K/256)*8] layout");
+  if (out_dims[0] != fp4_output_rows(m) || out_dims[1] != n) return invalid(kOp, "out must be [ceil(M/32)*32, N]");
   if (m == 0 || n == 0) return ffi::Error::Success();
 
   DeviceInfo info;
-  if (std::string err = device_info(device, &info); !err.empty()) return internal(err);
   const KernelTable* table = nullptr;
-  if (std::string err = kernel_table(info.arch, kFamily, kTable, &table); !err.empty())
-    return internal(err + " (AITER has FP4 GEMM kernels for gfx950 only)");
+  if (ffi::Error err = gemm_kernel_table(kOp, device, kFamily, kTable, " (AITER has FP4 GEMM kernels for gfx950 only)",
+                                         &info, &table);
+      err.failure())
+    return err;
   Fp4Choice choice;
   if (std::string err = select_fp4_kernel(*table, GemmProblem{m, n, k, info.arch}, info.num_cu, &choice);
       !err.empty())
-    return invalid(err);
+    return invalid(kOp, err);
   const KernelRow& row = table->rows[choice.row];
-  hipFunction_t function = nullptr;
-  if (std::string err = kernel_function(device, info.arch, kFamily, row, &function); !err.empty())
-    return internal(err);
 
   // Every field the host does not set must read as zero (C, its strides and the unused second strides).
   Fp4GemmArgs args;
@@ -88,18 +84,11 @@ ffi::Error GemmFp4(hipStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::An
   args.stride_scale_a0 = static_cast<uint32_t>(scale_cols);  // bytes
   args.stride_scale_b0 = static_cast<uint32_t>(scale_cols);
   args.log2_k_split = choice.log2_k_split;
-  if (choice.log2_k_split > 0) {
-    // The K splits add into the output with atomics: it starts from zero (and sums are not bitwise
-    // reproducible across split choices).
-    const size_t out_bytes = out->size_bytes();
-    if (std::string err = hip_status(hipMemsetAsync(out->untyped_data(), 0, out_bytes, stream), "hipMemsetAsync");
-        !err.empty())
-      return internal(err);
-  }
-  if (std::string err = launch_kernel(function, choice.grid, kGemmBlockThreads, &args, sizeof(args), stream);
-      !err.empty())
-    return internal(err + " (" + row.knl_name + ")");
-  return ffi::Error::Success();
+  // The K splits add into the output with atomics: it starts from zero (and sums are not bitwise reproducible
+  // across split choices).
+  const size_t zero_out = choice.log2_k_split > 0 ? out->size_bytes() : 0;
+  return launch_gemm(kOp, stream, device, info.arch, kFamily, row, choice.grid, &args, sizeof(args),
+                     {{out->untyped_data(), zero_out}});
 }
 
 }  // namespace

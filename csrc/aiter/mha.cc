@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "asm_launcher.h"
+#include "handler.h"
 #include "mha_bwd.h"
 #include "mha_fwd.h"
 #include "xla/ffi/api/ffi.h"
@@ -72,13 +73,6 @@ struct Dims {
   int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, max_seqlen_q = 0, max_seqlen_k = 0;
   int64_t heads_q = 0, heads_k = 0, head_dim_q = 0, head_dim_v = 0;
 };
-
-ffi::Error invalid(const char* op, const std::string& message) {
-  return ffi::Error::InvalidArgument(std::string(op) + ": " + message);
-}
-ffi::Error internal(const char* op, const std::string& message) {
-  return ffi::Error::Internal(std::string(op) + ": " + message);
-}
 
 ffi::Error read_dims(const char* op, const ffi::AnyBuffer& q, const ffi::AnyBuffer& k, const ffi::AnyBuffer& v,
                      const ffi::AnyBuffer* cu_seqlens_q, const ffi::AnyBuffer* cu_seqlens_k, int64_t max_seqlen_q,
@@ -172,11 +166,6 @@ PinnedHostPool& pinned_host_pool() {
   return *pool;
 }
 
-ffi::Error zero(const char* op, void* ptr, size_t bytes, hipStream_t stream) {
-  const std::string err = hip_status(hipMemsetAsync(ptr, 0, bytes, stream), "hipMemsetAsync");
-  return err.empty() ? ffi::Error::Success() : internal(op, err);
-}
-
 // lse of a token in no sequence (varlen) is -inf.
 ffi::Error fill_minus_inf(const char* op, ffi::Result<ffi::Buffer<ffi::F32>>& lse, hipStream_t stream) {
   const float minus_inf = -std::numeric_limits<float>::infinity();
@@ -207,7 +196,7 @@ ffi::Error MhaForward(const char* op, hipStream_t stream, int32_t device, ffi::A
   if (d.varlen || d.seqlen_k == 0) {
     // Tokens past the last offset belong to no sequence and a query without keys sees nothing: AITER leaves
     // them alone, the contract wants out 0 and lse -inf.
-    if (ffi::Error err = zero(op, out->untyped_data(), out->size_bytes(), stream); err.failure()) return err;
+    if (ffi::Error err = zero_async(op, out->untyped_data(), out->size_bytes(), stream); err.failure()) return err;
     if (ffi::Error err = fill_minus_inf(op, lse, stream); err.failure()) return err;
   }
   if (d.batch == 0 || d.seqlen_q == 0 || d.seqlen_k == 0) return ffi::Error::Success();
@@ -305,12 +294,13 @@ ffi::Error MhaBackward(const char* op, hipStream_t stream, int32_t device, ffi::
   if (d.varlen) {
     // Tokens in no sequence get no gradient: AITER does not write them.
     for (auto* r : {&dq, &dk_per_q_head, &dv_per_q_head})
-      if (ffi::Error err = zero(op, (*r)->untyped_data(), (*r)->size_bytes(), stream); err.failure()) return err;
+      if (ffi::Error err = zero_async(op, (*r)->untyped_data(), (*r)->size_bytes(), stream); err.failure()) return err;
   }
   if (d.batch == 0 || d.seqlen_q == 0 || d.seqlen_k == 0) {
     if (!d.varlen)
       for (auto* r : {&dq, &dk_per_q_head, &dv_per_q_head})
-        if (ffi::Error err = zero(op, (*r)->untyped_data(), (*r)->size_bytes(), stream); err.failure()) return err;
+        if (ffi::Error err = zero_async(op, (*r)->untyped_data(), (*r)->size_bytes(), stream); err.failure())
+          return err;
     return ffi::Error::Success();
   }
 
@@ -394,7 +384,9 @@ ffi::Error MhaBackward(const char* op, hipStream_t stream, int32_t device, ffi::
   args.drop_seed_offset = std::pair<uint64_t, uint64_t>{0, 0};
   // AITER sizes its own workspaces (dq accumulators, ...) and asks for memory here: XLA's scratch allocator,
   // which keeps it until this handler returns and reuses it only after this stream's work (stream order).
+  // At e4048607 mha_bwd asks for its CK workspace unconditionally, possibly 0 bytes: no allocation then.
   args.workspace_alloc = [&](size_t bytes, bool zero_init) -> void* {
+    if (bytes == 0) return nullptr;
     std::optional<void*> ptr = scratch.Allocate(bytes, 256);
     if (!ptr.has_value()) {
       alloc_error = "XLA could not allocate " + std::to_string(bytes) + " bytes of scratch";

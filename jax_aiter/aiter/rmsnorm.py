@@ -1,4 +1,4 @@
-"""``rms_norm`` and ``rms_norm_with_add`` on ROCm through AITER's RMSNorm (csrc/aiter/rmsnorm.cc).
+"""``rms_norm`` and ``rms_norm_with_add`` on ROCm through AITER's opus RMSNorm (csrc/aiter/rmsnorm.cc).
 
 AITER provides the forward kernels only; the backward pass is the reference's, differentiated by JAX from the
 saved inputs. Float32 accumulation as the op's contract says; the fused add's rounding order is AITER's, so

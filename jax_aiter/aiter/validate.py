@@ -106,7 +106,7 @@ LAYOUTS: dict[str, Layout] = {
     )),
 }
 
-# The tables the bridge loads (csrc/aiter/gemm_fp4.cc, gemm_bf16.cc) and the architectures it loads them for.
+# The tables the bridge loads (csrc/aiter/gemm_fp4.cc, gemm.cc) and the architectures it loads them for.
 TABLES = {
     "f4gemm": ("f4gemm_bf16_per1x32Fp4.csv", ("gfx950",)),
     "bf16gemm": ("bf16gemm_fp32bf16.csv", ("gfx942", "gfx950")),

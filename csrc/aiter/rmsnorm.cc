@@ -12,21 +12,14 @@
 #include <string>
 
 #include "asm_launcher.h"
+#include "handler.h"
+#include "rmsnorm_abi.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
 
 namespace jax_aiter::aiter {
 namespace {
-
-// The C ABI at the pinned AITER commit (csrc/kernels/rmsnorm opus entry; build-aiter checks both signatures):
-// pointers and the stream travel as size_t; dtype 0 = fp16, 1 = bf16, 2 = fp32; in_s = input row stride in
-// elements; model_sensitive and gemma select variants this op does not use (0).
-using RmsNormOpus = void (*)(size_t out, size_t in, size_t weight, float epsilon, int rows, int hidden, int in_s,
-                             int dtype, int model_sensitive, int gemma, size_t stream);
-using AddRmsNormOpus = void (*)(size_t out, size_t in, size_t residual_in, size_t residual_out, size_t weight,
-                                float epsilon, int rows, int hidden, int in_s, int dtype, int model_sensitive,
-                                int gemma, size_t stream);
 
 constexpr const char* kLibrary = "libaiter_rmsnorm.so";
 
@@ -48,16 +41,18 @@ const OpusKernels& opus_kernels() {
                       " (build it with scripts/build-aiter.sh; see docs/building-rocm.md)";
       return;
     }
-    kernels.rms_norm = reinterpret_cast<RmsNormOpus>(dlsym(handle, "rms_norm_opus"));
-    kernels.add_rms_norm = reinterpret_cast<AddRmsNormOpus>(dlsym(handle, "add_rms_norm_opus"));
+    kernels.rms_norm = reinterpret_cast<RmsNormOpus>(dlsym(handle, kRmsNormOpusSymbol));
+    kernels.add_rms_norm = reinterpret_cast<AddRmsNormOpus>(dlsym(handle, kAddRmsNormOpusSymbol));
     if (kernels.rms_norm == nullptr || kernels.add_rms_norm == nullptr)
       kernels.error = path + " lacks rms_norm_opus or add_rms_norm_opus";
   });
   return kernels;
 }
 
-ffi::Error invalid(const char* op, const std::string& message) {
-  return ffi::Error::InvalidArgument(std::string(op) + ": " + message);
+// Pointers (and the stream) cross the C ABI as size_t.
+template <typename T>
+size_t address(T* pointer) {
+  return reinterpret_cast<size_t>(pointer);
 }
 
 struct NormShape {
@@ -70,9 +65,9 @@ ffi::Error check(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
   const auto dims = x.dimensions();
   if (dims.size() < 1) return invalid(op, "x must have rank >= 1");
   switch (x.element_type()) {
-    case ffi::DataType::F16: shape->dtype = 0; break;
-    case ffi::DataType::BF16: shape->dtype = 1; break;
-    case ffi::DataType::F32: shape->dtype = 2; break;
+    case ffi::DataType::F16: shape->dtype = kOpusFp16; break;
+    case ffi::DataType::BF16: shape->dtype = kOpusBf16; break;
+    case ffi::DataType::F32: shape->dtype = kOpusFp32; break;
     default: return invalid(op, "x must be bfloat16, float16 or float32");
   }
   if (gamma.element_type() != x.element_type()) return invalid(op, "gamma must have x's dtype");
@@ -87,12 +82,6 @@ ffi::Error check(const char* op, const ffi::AnyBuffer& x, const ffi::AnyBuffer& 
   return ffi::Error::Success();
 }
 
-// The opus entry points return nothing: a failed launch shows up as HIP's last error on this thread.
-ffi::Error launched(const char* op) {
-  const std::string err = hip_status(hipGetLastError(), "kernel launch");
-  return err.empty() ? ffi::Error::Success() : ffi::Error::Internal(std::string(op) + ": " + err);
-}
-
 ffi::Error RmsNorm(hipStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer gamma, float epsilon,
                    ffi::Result<ffi::AnyBuffer> y) {
   constexpr const char* op = "ja_aiter_rms_norm_fwd";
@@ -100,14 +89,13 @@ ffi::Error RmsNorm(hipStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::An
   if (ffi::Error err = check(op, x, gamma, &s); err.failure()) return err;
   if (s.rows == 0 || s.hidden == 0) return ffi::Error::Success();
   const OpusKernels& kernels = opus_kernels();
-  if (!kernels.error.empty()) return ffi::Error::Internal(std::string(op) + ": " + kernels.error);
-  ScopedDevice scoped(device);
-  if (!scoped.error().empty()) return ffi::Error::Internal(std::string(op) + ": " + scoped.error());
-  (void)hipGetLastError();  // start from a clean slate so launched() reports only this launch
-  kernels.rms_norm(reinterpret_cast<size_t>(y->untyped_data()), reinterpret_cast<size_t>(x.untyped_data()),
-                   reinterpret_cast<size_t>(gamma.untyped_data()), epsilon, s.rows, s.hidden, s.hidden, s.dtype, 0, 0,
-                   reinterpret_cast<size_t>(stream));
-  return launched(op);
+  if (!kernels.error.empty()) return internal(op, kernels.error);
+  // The opus entry points return nothing: a failed launch shows up as HIP's last error, which the tail reads.
+  return launch_on_stream(op, device, stream, {}, [&] {
+    kernels.rms_norm(address(y->untyped_data()), address(x.untyped_data()), address(gamma.untyped_data()), epsilon,
+                     s.rows, s.hidden, s.hidden, s.dtype, 0, 0, address(stream));
+    return std::string();
+  });
 }
 
 ffi::Error AddRmsNorm(hipStream_t stream, int32_t device, ffi::AnyBuffer x, ffi::AnyBuffer residual,
@@ -120,15 +108,13 @@ ffi::Error AddRmsNorm(hipStream_t stream, int32_t device, ffi::AnyBuffer x, ffi:
     return invalid(op, "residual must have x's shape and dtype");
   if (s.rows == 0 || s.hidden == 0) return ffi::Error::Success();
   const OpusKernels& kernels = opus_kernels();
-  if (!kernels.error.empty()) return ffi::Error::Internal(std::string(op) + ": " + kernels.error);
-  ScopedDevice scoped(device);
-  if (!scoped.error().empty()) return ffi::Error::Internal(std::string(op) + ": " + scoped.error());
-  (void)hipGetLastError();
-  kernels.add_rms_norm(reinterpret_cast<size_t>(y->untyped_data()), reinterpret_cast<size_t>(x.untyped_data()),
-                       reinterpret_cast<size_t>(residual.untyped_data()),
-                       reinterpret_cast<size_t>(sum->untyped_data()), reinterpret_cast<size_t>(gamma.untyped_data()),
-                       epsilon, s.rows, s.hidden, s.hidden, s.dtype, 0, 0, reinterpret_cast<size_t>(stream));
-  return launched(op);
+  if (!kernels.error.empty()) return internal(op, kernels.error);
+  return launch_on_stream(op, device, stream, {}, [&] {
+    kernels.add_rms_norm(address(y->untyped_data()), address(x.untyped_data()), address(residual.untyped_data()),
+                         address(sum->untyped_data()), address(gamma.untyped_data()), epsilon, s.rows, s.hidden,
+                         s.hidden, s.dtype, 0, 0, address(stream));
+    return std::string();
+  });
 }
 
 }  // namespace

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "asm_kernel_args.h"
-#include "asm_launcher.h"
 #include "gemm_select.h"
+#include "handler.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -18,14 +18,10 @@ namespace ffi = xla::ffi;
 namespace jax_aiter::aiter {
 namespace {
 
+constexpr const char* kOp = "ja_aiter_gemm_bf16";
 // The family folder and table of AITER's bf16 GEMM code objects; build-aiter checks both exist.
 constexpr const char* kFamily = "bf16gemm";
 constexpr const char* kTable = "bf16gemm_fp32bf16.csv";
-
-ffi::Error internal(const std::string& message) { return ffi::Error::Internal("ja_aiter_gemm_bf16: " + message); }
-ffi::Error invalid(const std::string& message) {
-  return ffi::Error::InvalidArgument("ja_aiter_gemm_bf16: " + message);
-}
 
 ffi::Error GemmBf16(hipStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::AnyBuffer b,
                     ffi::Result<ffi::AnyBuffer> out, ffi::Result<ffi::Buffer<ffi::U32>> semaphore) {
@@ -33,32 +29,28 @@ ffi::Error GemmBf16(hipStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::A
   const auto b_dims = b.dimensions();
   const auto out_dims = out->dimensions();
   if (a_dims.size() != 2 || b_dims.size() != 2 || out_dims.size() != 2)
-    return invalid("A, B and out must be rank 2");
+    return invalid(kOp, "A, B and out must be rank 2");
   if (a.element_type() != ffi::DataType::BF16 || b.element_type() != ffi::DataType::BF16)
-    return invalid("A and B must be bfloat16");
+    return invalid(kOp, "A and B must be bfloat16");
   const bool out_bf16 = out->element_type() == ffi::DataType::BF16;
-  if (!out_bf16 && out->element_type() != ffi::DataType::F32) return invalid("out must be float32 or bfloat16");
+  if (!out_bf16 && out->element_type() != ffi::DataType::F32) return invalid(kOp, "out must be float32 or bfloat16");
   const int64_t m = out_dims[0], n = out_dims[1], k = a_dims[1];
-  if (b_dims[1] != k || b_dims[0] != n) return invalid("B must be [N, K] with out [M, N] and A [Ma, K]");
-  if (a_dims[0] < m) return invalid("A must have at least M rows");
+  if (b_dims[1] != k || b_dims[0] != n) return invalid(kOp, "B must be [N, K] with out [M, N] and A [Ma, K]");
+  if (a_dims[0] < m) return invalid(kOp, "A must have at least M rows");
   if (semaphore->element_count() != static_cast<size_t>(kBf16SemaphoreWords))
-    return invalid("the semaphore workspace must hold 16 x 64 words");
+    return invalid(kOp, "the semaphore workspace must hold 16 x 64 words");
   if (m == 0 || n == 0) return ffi::Error::Success();
 
   DeviceInfo info;
-  if (std::string err = device_info(device, &info); !err.empty()) return internal(err);
   const KernelTable* table = nullptr;
-  if (std::string err = kernel_table(info.arch, kFamily, kTable, &table); !err.empty()) return internal(err);
+  if (ffi::Error err = gemm_kernel_table(kOp, device, kFamily, kTable, "", &info, &table); err.failure()) return err;
   Bf16Choice choice;
   if (std::string err = select_bf16_kernel(*table, GemmProblem{m, n, k, info.arch}, info.num_cu, &choice);
       !err.empty())
-    return invalid(err);
+    return invalid(kOp, err);
   const KernelRow& row = table->rows[choice.row];
   if (m < row.tile_m && a_dims[0] < row.tile_m)
-    return invalid("A must be zero-padded to " + std::to_string(row.tile_m) + " rows when M < tile_M");
-  hipFunction_t function = nullptr;
-  if (std::string err = kernel_function(device, info.arch, kFamily, row, &function); !err.empty())
-    return internal(err);
+    return invalid(kOp, "A must be zero-padded to " + std::to_string(row.tile_m) + " rows when M < tile_M");
 
   const size_t out_elem = out_bf16 ? 2 : 4;
   const size_t out_bytes = static_cast<size_t>(m) * n * out_elem;
@@ -78,23 +70,14 @@ ffi::Error GemmBf16(hipStream_t stream, int32_t device, ffi::AnyBuffer a, ffi::A
   args.k = static_cast<uint32_t>(k);
   args.splitk = static_cast<uint32_t>(choice.split_k);
   args.is_out_b16 = out_bf16 ? 1u : 0u;
-  if (choice.split_k > 1) {
-    // Split-K accumulates into the output with atomics and orders the splits through the semaphore: both
-    // start from zero on every call.
-    args.ptr_semaphore = semaphore->untyped_data();
-    if (std::string err = hip_status(hipMemsetAsync(out->untyped_data(), 0, out_bytes, stream), "hipMemsetAsync");
-        !err.empty())
-      return internal(err);
-    if (std::string err = hip_status(hipMemsetAsync(semaphore->untyped_data(), 0,
-                                                    kBf16SemaphoreWords * sizeof(uint32_t), stream),
-                                     "hipMemsetAsync");
-        !err.empty())
-      return internal(err);
-  }
-  if (std::string err = launch_kernel(function, choice.grid, kGemmBlockThreads, &args, sizeof(args), stream);
-      !err.empty())
-    return internal(err + " (" + row.knl_name + ")");
-  return ffi::Error::Success();
+  // Split-K accumulates into the output with atomics and orders the splits through the semaphore: both start
+  // from zero on every call (a zero byte count zeroes nothing).
+  const bool split = choice.split_k > 1;
+  if (split) args.ptr_semaphore = semaphore->untyped_data();
+  const size_t zero_out = split ? out_bytes : 0;
+  const size_t zero_semaphore = split ? kBf16SemaphoreWords * sizeof(uint32_t) : 0;
+  return launch_gemm(kOp, stream, device, info.arch, kFamily, row, choice.grid, &args, sizeof(args),
+                     {{out->untyped_data(), zero_out}, {semaphore->untyped_data(), zero_semaphore}});
 }
 
 }  // namespace
