@@ -63,14 +63,15 @@ class Implementation:
     """One way to compute an op. ``fn(*args, **params)`` returns the op's outputs and is differentiable.
 
     ``library`` names the native library it needs: one name for every platform, or a ``{platform: library}``
-    mapping when each platform has its own build. ``supports(*args, **params)`` returns None when the call is
-    served, else the reason it is not.
+    mapping when each platform has its own build; ``targets`` the FFI targets it calls, which that library must
+    export. ``supports(*args, **params)`` returns None when the call is served, else the reason it is not.
     """
 
     name: str
     fn: Callable[..., Any]
     platforms: tuple[str, ...] = PLATFORMS
     library: str | Mapping[str, str] | None = None
+    targets: tuple[str, ...] = ()
     supports: SupportsFn | None = None
 
     def __post_init__(self):
@@ -182,22 +183,20 @@ def overrides_in_force(overrides: tuple[tuple[str, str], ...]):
 # --- selection -------------------------------------------------------------------------------------------
 
 
-@functools.cache
-def present_platforms() -> frozenset[str]:
-    """Platforms with devices in this process (``cuda`` and ``rocm`` told apart, unlike ``device.platform``)."""
-    found = set()
-    for platform in PLATFORMS:
-        try:
-            if jax.devices(platform):
-                found.add(platform)
-        except RuntimeError:
-            pass
-    return frozenset(found)
+present_platforms = _native.present_platforms
 
 
 def _library_problem(impl: Implementation, platform: str) -> str | None:
     library = impl.library_for(platform)
-    return None if library is None else _native.load(library).problem
+    if library is None:
+        return None
+    loaded = _native.load(library)
+    if loaded.problem is not None:
+        return loaded.problem
+    missing = loaded.missing_targets(impl.targets)
+    if missing:
+        return f"{loaded.path.name} lacks FFI target(s) {', '.join(missing)} (a stale build; reinstall jax-aiter)"
+    return None
 
 
 def _status(impl: Implementation, platform: str, args: tuple, params: Mapping[str, Any], forced: bool) -> str | None:
@@ -228,17 +227,17 @@ def select(op: str, platform: str, args: tuple, params: Mapping[str, Any]) -> Im
         reason = _status(impl, platform, args, params, forced=False)
         if reason is None:
             return impl
-        if platform in present_platforms() and _library_problem(impl, platform):
-            _warn_missing_library(impl.library_for(platform))
+        problem = _library_problem(impl, platform)
+        if platform in present_platforms() and problem:
+            _warn_unusable_library(impl.library_for(platform), problem)
     raise RuntimeError(f"{op}: no implementation for {platform}; the xla implementation must always be registered")
 
 
-def _warn_missing_library(library: str) -> None:
+def _warn_unusable_library(library: str, problem: str) -> None:
     if library in _warned_libraries:
         return
     _warned_libraries.add(library)
-    warnings.warn(f"jax_aiter: {_native.load(library).problem}; ops fall back to the next implementation",
-                  RuntimeWarning, stacklevel=4)
+    warnings.warn(f"jax_aiter: {problem}; ops fall back to the next implementation", RuntimeWarning, stacklevel=4)
 
 
 def dispatch(op: str, *args: Any, **params: Any) -> Any:

@@ -29,6 +29,7 @@ def silu_and_mul(x: jax.Array) -> jax.Array:
 _backend.define_op(
     "silu_and_mul", example=lambda: ((jax.ShapeDtypeStruct((4096, 2 * 14336), "bfloat16"),), {}),
     implementations=(
-        _backend.Implementation("native", native_impl.silu_and_mul, library=native.LIBRARY),
+        _backend.Implementation("native", native_impl.silu_and_mul, library=native.LIBRARY,
+                                targets=native_impl.TARGETS),
         _backend.Implementation("xla", ref.silu_and_mul),
     ))

@@ -17,6 +17,7 @@ from jax import lax
 
 from jax_aiter import _backend, _checks
 from jax_aiter._partition import LinearOp
+from jax_aiter.aiter import GEMM_BF16
 from jax_aiter.aiter import LIBRARY as AITER_LIBRARY
 from jax_aiter.aiter import gemm as aiter_impl
 from jax_aiter.ref import gemm as ref
@@ -82,6 +83,6 @@ _backend.define_op(
                               jax.ShapeDtypeStruct((8192, 8192), jnp.bfloat16)), {}),
     implementations=(
         _backend.Implementation("aiter", aiter_impl.gemm, platforms=("rocm",), library=AITER_LIBRARY,
-                                supports=aiter_impl.supports),
+                                targets=(GEMM_BF16,), supports=aiter_impl.supports),
         _backend.Implementation("xla", ref.gemm),
     ))

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from jax_aiter import _backend, _checks
 from jax_aiter import native
+from jax_aiter.aiter import ADD_RMS_NORM_FWD, RMS_NORM_FWD
 from jax_aiter.aiter import LIBRARY as AITER_LIBRARY
 from jax_aiter.aiter import rmsnorm as aiter_impl
 from jax_aiter.native import rmsnorm as native_impl
@@ -63,14 +64,15 @@ def _example_with_add():
 
 _backend.define_op("rms_norm", example=_example, implementations=(
     _backend.Implementation("aiter", aiter_impl.rms_norm, platforms=("rocm",), library=AITER_LIBRARY,
-                            supports=aiter_impl.supports),
-    _backend.Implementation("native", native_impl.rms_norm, library=native.LIBRARY, supports=native_impl.supports),
+                            targets=(RMS_NORM_FWD,), supports=aiter_impl.supports),
+    _backend.Implementation("native", native_impl.rms_norm, library=native.LIBRARY,
+                            targets=native_impl.RMS_NORM_TARGETS, supports=native_impl.supports),
     _backend.Implementation("xla", ref.rms_norm),
 ))
 _backend.define_op("rms_norm_with_add", example=_example_with_add, implementations=(
     _backend.Implementation("aiter", aiter_impl.rms_norm_with_add, platforms=("rocm",), library=AITER_LIBRARY,
-                            supports=aiter_impl.supports),
+                            targets=(ADD_RMS_NORM_FWD,), supports=aiter_impl.supports),
     _backend.Implementation("native", native_impl.rms_norm_with_add, library=native.LIBRARY,
-                            supports=native_impl.supports),
+                            targets=native_impl.RMS_NORM_WITH_ADD_TARGETS, supports=native_impl.supports),
     _backend.Implementation("xla", ref.rms_norm_with_add),
 ))

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jax_aiter
+import jax_aiter.gemm  # noqa: F401  (declares the gemm op some tests select for)
 from jax_aiter import _backend, _native
 from jax_aiter.rmsnorm import rms_norm
 
@@ -128,7 +129,142 @@ def test_broken_library_is_reported_not_raised(tmp_path):
         print(_native.load("cpu").problem)
     """, JAX_AITER_LIB_DIR=str(tmp_path))
     assert result.returncode == 0, result.stderr
-    assert "failed to load" in result.stdout
+    assert "is not a 64-bit little-endian ELF file" in result.stdout
+
+
+# --- loading: by absolute path, checked before dlopen, only for present platforms -------------------------------
+
+_CPU_LIBRARY = _native.library_dir() / "libjax_aiter_cpu.so"
+needs_cpu_library = pytest.mark.skipif(_native.load("cpu").problem is not None, reason="no CPU library built")
+
+_FALLBACK_RUN = """
+    import warnings, jax.numpy as jnp
+    warnings.simplefilter("always")
+    with warnings.catch_warnings(record=True) as caught:
+        from jax_aiter import _native
+        from jax_aiter.rmsnorm import rms_norm
+        y = rms_norm(jnp.ones((2, 8)), jnp.ones(8))
+    print(float(y.sum()))
+    print(_native.load("cpu").problem)
+    print(sum("libjax_aiter_cpu.so" in str(w.message) for w in caught))
+"""
+
+
+def _copy_library(directory, transform=lambda data: data, record=True):
+    data = _CPU_LIBRARY.read_bytes()
+    (directory / _CPU_LIBRARY.name).write_bytes(transform(data))
+    if record:
+        (directory / (_CPU_LIBRARY.name + ".record")).write_text(
+            (_CPU_LIBRARY.parent / (_CPU_LIBRARY.name + ".record")).read_text())
+
+
+@needs_cpu_library
+@pytest.mark.parametrize("record", [True, False], ids=["with-record", "without-record"])
+def test_truncated_library_disables_the_backend_instead_of_crashing(tmp_path, record):
+    """An interrupted install leaves a truncated file: mapping it would kill the process with SIGBUS."""
+    _copy_library(tmp_path, lambda data: data[: len(data) // 2], record=record)
+    result = _run_python(_FALLBACK_RUN, JAX_AITER_LIB_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    total, problem, warned = result.stdout.split("\n")[:3]
+    assert float(total) == pytest.approx(16.0, rel=1e-5)
+    assert ("differs from its build record" if record else "is truncated") in problem
+    assert str(tmp_path) in problem and warned == "1"
+
+
+@needs_cpu_library
+def test_altered_library_of_the_same_size_is_refused(tmp_path):
+    _copy_library(tmp_path, lambda data: data[:-1] + bytes([data[-1] ^ 1]))
+    result = _run_python(_FALLBACK_RUN, JAX_AITER_LIB_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "sha256 mismatch" in result.stdout.split("\n")[1]
+
+
+def test_build_record_is_written_for_the_installed_library():
+    if not _CPU_LIBRARY.is_file():
+        pytest.skip("no CPU library built")
+    import hashlib
+    import json
+
+    record = json.loads((_CPU_LIBRARY.parent / (_CPU_LIBRARY.name + ".record")).read_text())
+    data = _CPU_LIBRARY.read_bytes()
+    assert record == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+@needs_cpu_library
+@pytest.mark.parametrize("given", ["relative", "dot"])
+def test_library_directory_is_resolved_once_to_an_absolute_path(tmp_path, given):
+    """A relative JAX_AITER_LIB_DIR means the directory at import time, and the file is opened by its absolute
+    path (a bare name would let dlopen search LD_LIBRARY_PATH)."""
+    lib_dir = tmp_path / "libs"
+    lib_dir.mkdir()
+    _copy_library(lib_dir)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
+        import os
+        import jax_aiter, jax.numpy as jnp
+        from jax_aiter import _native
+        os.chdir({str(elsewhere)!r})
+        from jax_aiter.rmsnorm import rms_norm
+        rms_norm(jnp.ones((2, 8)), jnp.ones(8)).block_until_ready()
+        lib = _native.load("cpu")
+        print(lib.problem, lib.path, lib.path.is_absolute())
+        print(_native.describe()[0])
+    """)], capture_output=True, text=True, timeout=300, cwd=tmp_path if given == "relative" else lib_dir,
+        env={**os.environ, "JAX_AITER_LIB_DIR": "libs" if given == "relative" else "."})
+    assert result.returncode == 0, result.stderr
+    loaded, described = result.stdout.split("\n")[:2]
+    assert loaded == f"None {lib_dir / _CPU_LIBRARY.name} True"
+    assert described.startswith(f"libraries from {lib_dir} (JAX_AITER_LIB_DIR=")
+
+
+@needs_cpu_library
+def test_only_libraries_of_present_platforms_are_opened(tmp_path):
+    """A CUDA library on a CPU-only machine is checked, not opened."""
+    _copy_library(tmp_path)
+    (tmp_path / "libjax_aiter_cuda.so").write_bytes(_CPU_LIBRARY.read_bytes())
+    result = _run_python("""
+        import jax_aiter
+        from jax_aiter import _native
+        print(jax_aiter.info())
+        maps = open("/proc/self/maps").read()
+        print("cpu mapped", "libjax_aiter_cpu.so" in maps, "cuda mapped", "libjax_aiter_cuda.so" in maps)
+    """, JAX_AITER_LIB_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "cpu mapped True cuda mapped False" in result.stdout
+    assert "library cuda: " + str(tmp_path / "libjax_aiter_cuda.so") + " (checked, not loaded: no cuda device here)" \
+        in result.stdout
+
+
+def test_a_library_without_the_ops_targets_is_not_selected(tmp_path):
+    """A stale build that loads but lacks a target: the op takes the next implementation and info says why."""
+    src = tmp_path / "stale.cc"
+    src.write_text(textwrap.dedent("""
+        #include <cstddef>
+        #include "xla/ffi/api/ffi.h"
+        namespace ffi = xla::ffi;
+        static ffi::Error Copy(ffi::AnyBuffer x, ffi::Result<ffi::AnyBuffer> out) { return ffi::Error::Success(); }
+        XLA_FFI_DEFINE_HANDLER_SYMBOL(StaleForward, Copy, ffi::Ffi::Bind().Arg<ffi::AnyBuffer>().Ret<ffi::AnyBuffer>());
+        struct Entry { const char* name; void* handler; };
+        static Entry table[] = {{"ja_silu_and_mul_fwd", reinterpret_cast<void*>(StaleForward)}};
+        extern "C" __attribute__((visibility("default"))) Entry* ja_ffi_targets(size_t* count) {
+          *count = 1;
+          return table;
+        }
+    """))
+    subprocess.run(["c++", "-std=c++17", "-shared", "-fPIC", f"-I{jax.ffi.include_dir()}", str(src), "-o",
+                    str(tmp_path / "libjax_aiter_cpu.so")], check=True)
+    result = _run_python("""
+        import jax.numpy as jnp
+        import jax_aiter
+        from jax_aiter.activation import silu_and_mul
+        print(float(silu_and_mul(jnp.ones((2, 8))).sum()))
+        print([line for line in jax_aiter.info().splitlines() if "silu_and_mul" in line and " cpu " in line][0])
+    """, JAX_AITER_LIB_DIR=str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    total, line = result.stdout.split("\n")[:2]
+    assert float(total) == pytest.approx(8 * 0.7310586, rel=1e-5)
+    assert "-> xla" in line and "lacks FFI target(s) ja_silu_and_mul_bwd (a stale build" in line
 
 
 def test_info_names_every_op_and_reason():

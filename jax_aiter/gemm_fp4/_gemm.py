@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_aiter import _backend, _checks
+from jax_aiter.aiter import GEMM_FP4
 from jax_aiter.aiter import LIBRARY as AITER_LIBRARY
 from jax_aiter.aiter import gemm_fp4 as aiter_impl
 from jax_aiter.ref import mxfp4 as ref
@@ -57,6 +58,6 @@ def _example() -> tuple[tuple, dict]:
 
 _backend.define_op("gemm_fp4", example=_example, implementations=(
     _backend.Implementation("aiter", aiter_impl.gemm_fp4, platforms=("rocm",), library=AITER_LIBRARY,
-                            supports=aiter_impl.supports),
+                            targets=(GEMM_FP4,), supports=aiter_impl.supports),
     _backend.Implementation("xla", jax.jit(ref.gemm_fp4)),
 ))

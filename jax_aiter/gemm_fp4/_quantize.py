@@ -226,10 +226,11 @@ def _example_dual() -> tuple[tuple, dict]:
 # --- implementations ----------------------------------------------------------------------------------------
 
 _backend.define_op("cast_mxfp4", example=_example_cast, implementations=(
-    _backend.Implementation("native", native_impl.cast_mxfp4, library=native.LIBRARY),
+    _backend.Implementation("native", native_impl.cast_mxfp4, library=native.LIBRARY, targets=(native_impl.TARGET,)),
     _backend.Implementation("xla", jax.jit(ref.cast_mxfp4, static_argnames=_CAST_PARAMS)),
 ))
 _backend.define_op("cast_mxfp4_dual", example=_example_dual, implementations=(
-    _backend.Implementation("native", native_impl.cast_mxfp4_dual, library=native.LIBRARY),
+    _backend.Implementation("native", native_impl.cast_mxfp4_dual, library=native.LIBRARY,
+                            targets=(native_impl.TARGET,)),
     _backend.Implementation("xla", jax.jit(ref.cast_mxfp4_dual, static_argnames=_DUAL_PARAMS)),
 ))

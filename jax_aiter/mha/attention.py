@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jax_aiter import _backend
-from jax_aiter.aiter import MHA_LIBRARY
+from jax_aiter.aiter import MHA_BWD, MHA_FWD, MHA_LIBRARY, MHA_VARLEN_BWD, MHA_VARLEN_FWD
 from jax_aiter.mha import _aiter, _checks, _cudnn
 from jax_aiter.mha._contract import FLASH_ATTN, FLASH_ATTN_VARLEN, AttentionOptions, pack_optional
 from jax_aiter.ref import mha as ref
@@ -211,13 +211,13 @@ def _flash_attn_varlen_example():
 
 _backend.define_op(FLASH_ATTN, example=_flash_attn_example, implementations=(
     _backend.Implementation("aiter", _aiter.flash_attn, platforms=("rocm",), library=MHA_LIBRARY,
-                            supports=_aiter.supports_flash_attn),
+                            targets=(MHA_FWD, MHA_BWD), supports=_aiter.supports_flash_attn),
     _backend.Implementation("cudnn", _cudnn.flash_attn, platforms=("cuda",), supports=_cudnn.supports_flash_attn),
     _backend.Implementation("xla", _xla_flash_attn),
 ))
 _backend.define_op(FLASH_ATTN_VARLEN, example=_flash_attn_varlen_example, implementations=(
     _backend.Implementation("aiter", _aiter.flash_attn_varlen, platforms=("rocm",), library=MHA_LIBRARY,
-                            supports=_aiter.supports_flash_attn_varlen),
+                            targets=(MHA_VARLEN_FWD, MHA_VARLEN_BWD), supports=_aiter.supports_flash_attn_varlen),
     _backend.Implementation("cudnn", _cudnn.flash_attn_varlen, platforms=("cuda",),
                             supports=_cudnn.supports_flash_attn_varlen),
     _backend.Implementation("xla", _xla_flash_attn_varlen),

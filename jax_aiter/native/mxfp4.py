@@ -16,7 +16,7 @@ import numpy as np
 
 from jax_aiter.ref import mxfp4 as ref
 
-_TARGET = "ja_cast_mxfp4"
+TARGET = "ja_cast_mxfp4"
 _NO_COPY = (jax.ShapeDtypeStruct((0, 0), jnp.uint8), jax.ShapeDtypeStruct((0, 0), jnp.uint8))
 
 
@@ -32,7 +32,7 @@ def _cast(x, sr_key, hadamard_key, index_offset, *, rowwise: bool, columnwise: b
     m, k = x.shape
     outputs = (*(_copy_shapes(m, k, layout_rowwise) if rowwise else _NO_COPY),
                *(_copy_shapes(k, m, layout_columnwise) if columnwise else _NO_COPY))
-    call = jax.ffi.ffi_call(_TARGET, outputs, vmap_method="sequential")
+    call = jax.ffi.ffi_call(TARGET, outputs, vmap_method="sequential")
     return call(x, sr_key, hadamard_key, index_offset, rowwise=rowwise, columnwise=columnwise,
                 scale_rule=scale_rule, stochastic=stochastic, hadamard_rowwise=np.int32(hadamard_rowwise),
                 hadamard_columnwise=np.int32(hadamard_columnwise), hadamard_signs=hadamard_signs,

@@ -16,6 +16,9 @@ import numpy as np
 # at most this many blocks (one resident wave on an H200 or MI300), so the workspace stays a few percent of the
 # traffic. XLA allocates it as a third output; the CPU kernel does not use it.
 DGAMMA_MAX_BLOCKS = 512
+# The FFI targets each op calls (the library must export them all).
+RMS_NORM_TARGETS = ("ja_rms_norm_fwd", "ja_rms_norm_bwd")
+RMS_NORM_WITH_ADD_TARGETS = ("ja_add_rms_norm_fwd", "ja_rms_norm_bwd")
 
 
 def _forward_call(x, gamma, epsilon):
