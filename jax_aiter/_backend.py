@@ -79,6 +79,8 @@ class Implementation:
             raise ValueError(f"implementation name {self.name!r} is not one of {PREFERENCE}")
 
     def library_for(self, platform: str) -> str | None:
+        if platform not in self.platforms:
+            return None
         if isinstance(self.library, str):
             return self.library
         return None if self.library is None else self.library.get(platform)

@@ -513,10 +513,9 @@ BAD_INPUTS = [
     ("v heads", dense(v=V[:, :, :1]), ValueError, "v must have k's number of heads"),
     ("head dim", dense(k=K[..., :4]), ValueError, "k must have q's head dimension"),
     ("Hq % Hk", dense(k=rand((1, 4, 3, 8), 0), v=rand((1, 4, 3, 8), 0)), ValueError, "multiple of k's"),
-    ("window too small", dense(window_size=(-2, 0)), ValueError, "window_size must be >= -1"),
+    ("head dim 0", dense(q=Q[..., :0], k=K[..., :0]), ValueError, "head dimension must be at least 1"),
     ("window not a pair", dense(window_size=(1,)), ValueError, "window_size must be a pair"),
     ("window float", dense(window_size=(1.5, 0)), TypeError, "window_size must be a static Python int"),
-    ("causal and right window", dense(causal=True, window_size=(-1, 2)), ValueError, "causal=True"),
     ("causal not bool", dense(causal=1), TypeError, "causal must be a Python bool"),
     ("return_lse traced", traced(lambda f: flash_attn_func(Q, K, V, return_lse=f), True), TypeError, "return_lse"),
     ("deterministic not bool", dense(deterministic="yes"), TypeError, "deterministic must be a Python bool"),
@@ -787,3 +786,117 @@ def test_cudnn_varlen_matches_reference_on_cuda(causal):
     _assert_close_bf16(out, want_out)
     for got, want in zip(grads, want_grads):
         _assert_close_bf16(got, want)
+
+
+# --- masked means absent: non-finite keys and values a query may not see ---------------------------------------
+
+def _loss_and_grads(fn, q, k, v, rows):
+    """Output, and gradients of the sum over the query rows ``rows`` (a slice of the token axis)."""
+    def loss(q, k, v):
+        return jnp.sum(fn(q, k, v)[rows].astype(jnp.float32))
+    return np.asarray(fn(q, k, v)), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+
+
+POISONS = [pytest.param(np.nan, "v", id="nan-value"), pytest.param(np.inf, "k", id="inf-key"),
+           pytest.param(-np.inf, "v", id="minus-inf-value"), pytest.param(np.nan, "k", id="nan-key")]
+
+
+def _poisoned(k, v, where, value, index):
+    k, v = np.array(k), np.array(v)
+    (k if where == "k" else v)[index] = value
+    return k, v
+
+
+@pytest.mark.parametrize("value, where", POISONS)
+def test_causal_future_non_finite_does_not_reach_earlier_queries(value, where):
+    """Key/value 3 of a causal call: queries 0..2 may not see it; their outputs and the gradients of a loss on
+    them equal the clean call's, and queries 3.. see it (NaN or Inf output). The poisoned key's own gradient is
+    left out: queries 3.. attend to it, and their (zero) cotangents times its non-finite weights are NaN, as in
+    any kernel."""
+    q, k, v = qkv(batch=1, sq=6, sk=6, seed=300)
+    k_bad, v_bad = _poisoned(k, v, where, value, (0, 3))
+    call = functools.partial(flash_attn_func, causal=True)
+    rows = (slice(None), slice(0, 3))
+    clean_out, clean_grads = _loss_and_grads(lambda *a: call(*a), q, k, v, rows)
+    out, grads = _loss_and_grads(lambda *a: call(*a), q, k_bad, v_bad, rows)
+    np.testing.assert_array_equal(out[:, :3], clean_out[:, :3])
+    assert not np.isfinite(out[:, 3:]).all(axis=-1).any()
+    _assert_grads_equal_except_at(grads, clean_grads, key_index=(0, 3))
+
+
+def _assert_grads_equal_except_at(grads, clean_grads, key_index):
+    """dq everywhere, dk and dv everywhere but at the poisoned key: finite and equal to the clean call's."""
+    for i, (got, want) in enumerate(zip(grads, clean_grads)):
+        got, want = np.array(got), np.array(want)
+        if i > 0:
+            got[key_index] = want[key_index] = 0
+        assert np.isfinite(got).all()
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
+
+def test_window_left_bound_keeps_an_old_non_finite_key_out():
+    q, k, v = qkv(batch=1, sq=6, sk=6, seed=310)
+    _, v_bad = _poisoned(k, v, "v", np.nan, (0, 0))
+    out = np.asarray(flash_attn_func(q, k, v_bad, window_size=(2, 0)))
+    clean = np.asarray(flash_attn_func(q, k, v, window_size=(2, 0)))
+    np.testing.assert_array_equal(out[:, 3:], clean[:, 3:])  # queries 3.. see keys >= 1 only
+    assert np.isnan(out[:, :3]).any(axis=-1).all()
+
+
+@pytest.mark.parametrize("token", [pytest.param(4, id="other-sequence"), pytest.param(9, id="past-last-offset")])
+def test_varlen_non_finite_outside_a_sequence_stays_out(token):
+    cu = np.array([0, 3, 8], np.int32)
+    q, k, v = rand((10, 4, 8), 320), rand((10, 2, 8), 321), rand((10, 2, 8), 322)
+    k_bad, v_bad = np.array(k), np.array(v)
+    k_bad[token], v_bad[token] = np.inf, np.nan
+    call = lambda q, k, v: flash_attn_varlen(q, k, v, cu, cu, 5, 5, causal=True)  # noqa: E731
+    rows = slice(0, 3)
+    clean_out, clean_grads = _loss_and_grads(call, q, k, v, rows)
+    out, grads = _loss_and_grads(call, q, k_bad, v_bad, rows)
+    np.testing.assert_array_equal(out[:3], clean_out[:3])
+    _assert_grads_equal_except_at(grads, clean_grads, key_index=token)
+
+
+def test_kernel_implementations_take_the_reference_when_keys_or_values_are_not_finite(cudnn_emulated_by_jax_xla):
+    """The cuDNN adapter (run through jax.nn's xla path here) would spread a masked NaN; the declared
+    implementation switches to the reference when any key or value is not finite."""
+    q, k, v = qkv(batch=1, sq=6, sk=6, seed=330)
+    _, v_bad = _poisoned(k, v, "v", np.nan, (0, 3))
+    operands, params = attention.flash_attn_call(q, k, v_bad, dropout_p=0.0, softmax_scale=None, causal=True,
+                                                 window_size=(-1, -1), bias=None, alibi_slopes=None,
+                                                 deterministic=False, return_lse=False, dropout_key=None)
+    declared = next(i for i in _backend.implementations(FLASH_ATTN) if i.name == "cudnn").fn
+    assert np.isnan(np.asarray(_cudnn.flash_attn(*operands, **params))[:, :3]).any()  # the raw kernel spreads it
+    out = np.asarray(jax.jit(lambda *a: declared(*a, **params))(*operands))
+    np.testing.assert_array_equal(out[:, :3], np.asarray(flash_attn_func(q, k, v, causal=True))[:, :3])
+
+
+@pytest.mark.gpu
+def test_cudnn_masked_non_finite_on_cuda():
+    _cuda_or_skip()
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in qkv(batch=1, sq=128, sk=128, hq=8, hk=2, dim=64, seed=340))
+    v_bad = v.at[0, 64].set(jnp.nan)
+    fn = jax.jit(lambda q, k, v: flash_attn_func(q, k, v, causal=True, deterministic=False))
+    np.testing.assert_array_equal(np.asarray(fn(q, k, v_bad))[:, :64], np.asarray(fn(q, k, v))[:, :64])
+
+
+# --- windows in canonical form ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("given, same_as", [
+    pytest.param((-2, 0), (-1, 0), id="any-negative-is-unbounded"),
+    pytest.param((2**31 - 1, -1), (-1, -1), id="int32-max-left"),
+    pytest.param((-1, 2**31 - 1), (-1, -1), id="int32-max-right"),
+    pytest.param((2**40, 0), (-1, 0), id="beyond-int64-safe"),
+    pytest.param((12, 12), (-1, -1), id="wider-than-the-sequences"),
+])
+def test_window_sides_that_bound_nothing_are_unbounded(given, same_as):
+    q, k, v = qkv(sq=6, sk=6, seed=350)
+    np.testing.assert_array_equal(np.asarray(flash_attn_func(q, k, v, window_size=given)),
+                                  np.asarray(flash_attn_func(q, k, v, window_size=same_as)))
+
+
+def test_causal_folds_a_right_window_to_zero():
+    """As flash-attn does: causal=True with window (left, right) is the window (left, 0)."""
+    q, k, v = qkv(sq=6, sk=6, seed=360)
+    np.testing.assert_array_equal(np.asarray(flash_attn_func(q, k, v, causal=True, window_size=(2, 3))),
+                                  np.asarray(flash_attn_func(q, k, v, window_size=(2, 0))))

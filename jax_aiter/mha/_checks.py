@@ -34,6 +34,8 @@ def check_qkv(q: Any, k: Any, v: Any, *, rank: int) -> None:
         raise ValueError(f"v must have k's number of heads {k.shape[-2]}, got shape {v.shape}")
     if k.shape[-1] != q.shape[-1]:
         raise ValueError(f"k must have q's head dimension {q.shape[-1]}, got shape {k.shape}")
+    if q.shape[-1] == 0:
+        raise ValueError(f"q's head dimension must be at least 1, got shape {q.shape}")
     q_heads, kv_heads = q.shape[-2], k.shape[-2]
     if kv_heads == 0 or q_heads % kv_heads:
         raise ValueError(f"q's head count ({q_heads}) must be a multiple of k's ({kv_heads}) for MQA/GQA; "
@@ -46,7 +48,7 @@ def check_flag(name: str, value: Any) -> bool:
     return bool(value)
 
 
-def check_static_int(name: str, value: Any, *, minimum: int) -> int:
+def check_static_int(name: str, value: Any, *, minimum: int | None) -> int:
     """A Python int known when tracing (it decides shapes or kernel launch grids, so it cannot be traced)."""
     if isinstance(value, (bool, np.bool_)) or isinstance(value, jax.core.Tracer):
         raise TypeError(f"{name} must be a static Python int, got {_describe(value)}")
@@ -54,7 +56,7 @@ def check_static_int(name: str, value: Any, *, minimum: int) -> int:
         result = operator.index(value)
     except TypeError:
         raise TypeError(f"{name} must be a static Python int, got {_describe(value)}") from None
-    if result < minimum:
+    if minimum is not None and result < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {result}")
     return result
 
@@ -65,17 +67,17 @@ def check_softmax_scale(softmax_scale: Any, head_dim: int) -> float:
     return core.check_positive_float("softmax_scale", softmax_scale)
 
 
-def check_window(window_size: Any, causal: bool) -> tuple[int, int]:
-    """``(left, right)`` with −1 for unbounded; causal is folded in as right = 0."""
+def check_window(window_size: Any, causal: bool, span: int) -> tuple[int, int]:
+    """``(left, right)`` in canonical form: −1 for an unbounded side. As in flash-attn, any negative side is
+    unbounded and ``causal=True`` folds the window to ``(left, 0)``. A side of ``span`` (Sq + Sk, or the two
+    maximum sequence lengths) or more bounds nothing either, so it becomes −1 too: no position arithmetic can
+    overflow, whatever int is given."""
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise ValueError(f"window_size must be a pair (left, right) of ints, got {window_size!r}")
-    left, right = (check_static_int("window_size", w, minimum=-1) for w in window_size)
+    left, right = (check_static_int("window_size", w, minimum=None) for w in window_size)
     if causal:
-        if right > 0:
-            raise ValueError(f"causal=True allows no keys to the right (window_size[1] must be -1 or 0), "
-                             f"got window_size={tuple(window_size)}")
         right = 0
-    return left, right
+    return tuple(-1 if side < 0 or side >= span else side for side in (left, right))
 
 
 def check_dropout(dropout_p: Any, dropout_key: Any) -> float:

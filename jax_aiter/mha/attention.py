@@ -10,6 +10,7 @@ undropped softmax.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -42,9 +43,10 @@ def flash_attn_func(
     Args:
       dropout_p: probability of dropping an attention weight (static); needs ``dropout_key`` when > 0.
       softmax_scale: logit scale, default ``1/sqrt(D)``.
-      causal: query i sees keys j <= i + Sk - Sq (bottom-right aligned); same as ``window_size[1] = 0``.
+      causal: query i sees keys j <= i + Sk - Sq (bottom-right aligned); same as ``window_size[1] = 0``, and
+        a right window given with it is folded to 0 (as flash-attn does).
       window_size: ``(left, right)``: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right;
-        −1 leaves that side unbounded.
+        a negative side leaves that side unbounded.
       bias: added to the logits, broadcastable (numpy rules) to ``[B, Hq, Sq, Sk]``; differentiable.
       alibi_slopes: float32 ``[Hq]`` or ``[B, Hq]``; adds ``−slope·|i + Sk − Sq − j|`` to the logits.
       deterministic: require a backward pass with a fixed reduction order (implementations that cannot
@@ -105,10 +107,10 @@ def flash_attn_call(q, k, v, *, dropout_p, softmax_scale, causal, window_size, b
     seqlen_k = k.shape[1]
     bias_shape = None if bias is None else _checks.check_bias(bias, (batch, q_heads, seqlen_q, seqlen_k),
                                                               "[B, Hq, Sq, Sk]")
-    optional, params = _common(batch, q_heads, head_dim, bias=bias, bias_shape=bias_shape, dropout_p=dropout_p,
-                               softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                               alibi_slopes=alibi_slopes, deterministic=deterministic, return_lse=return_lse,
-                               dropout_key=dropout_key)
+    optional, params = _common(batch, q_heads, head_dim, seqlen_q + seqlen_k, bias=bias, bias_shape=bias_shape,
+                               dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                               window_size=window_size, alibi_slopes=alibi_slopes, deterministic=deterministic,
+                               return_lse=return_lse, dropout_key=dropout_key)
     return (*_as_jax(q, k, v), *optional), params
 
 
@@ -124,10 +126,10 @@ def flash_attn_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _checks.check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
     tokens_q, q_heads, head_dim = q.shape
     bias_shape = None if bias is None else _checks.check_bias(bias, (q_heads, tokens_q, k.shape[0]), "[Hq, Tq, Tk]")
-    optional, params = _common(batch, q_heads, head_dim, bias=bias, bias_shape=bias_shape, dropout_p=dropout_p,
-                               softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                               alibi_slopes=alibi_slopes, deterministic=deterministic, return_lse=return_lse,
-                               dropout_key=dropout_key)
+    optional, params = _common(batch, q_heads, head_dim, max_seqlen_q + max_seqlen_k, bias=bias,
+                               bias_shape=bias_shape, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
+                               window_size=window_size, alibi_slopes=alibi_slopes, deterministic=deterministic,
+                               return_lse=return_lse, dropout_key=dropout_key)
     params = {"options": dataclasses.replace(params["options"], max_seqlen_q=max_seqlen_q,
                                              max_seqlen_k=max_seqlen_k)}
     cu_q, cu_k = _as_jax(cu_seqlens_q, cu_seqlens_k)
@@ -136,14 +138,14 @@ def flash_attn_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     return (*_as_jax(q, k, v), cu_q, cu_k, *optional), params
 
 
-def _common(batch, q_heads, head_dim, *, bias, bias_shape, dropout_p, softmax_scale, causal, window_size,
+def _common(batch, q_heads, head_dim, window_span, *, bias, bias_shape, dropout_p, softmax_scale, causal, window_size,
             alibi_slopes, deterministic, return_lse, dropout_key):
     """Checks shared by both layouts, then (all checks passed) the canonical forms: the bias at the rank of
     its target (``bias_shape``), slopes as ``[B, Hq]``, the dropout seed, and the static parameters."""
     causal = _checks.check_flag("causal", causal)
     deterministic = _checks.check_flag("deterministic", deterministic)
     return_lse = _checks.check_flag("return_lse", return_lse)
-    window = _checks.check_window(window_size, causal)
+    window = _checks.check_window(window_size, causal, window_span)
     softmax_scale = _checks.check_softmax_scale(softmax_scale, head_dim)
     dropout_p = _checks.check_dropout(dropout_p, dropout_key)
     if alibi_slopes is not None:
@@ -207,18 +209,34 @@ def _flash_attn_varlen_example():
                                   alibi_slopes=None, deterministic=True, return_lse=False, dropout_key=None)
 
 
+def _reference_unless_finite(kernel, reference):
+    """``kernel`` when every key and value is finite, else ``reference``. Masked means absent: a key or value a
+    query may not see must not reach its output or gradients, even when it is NaN or Inf, and a kernel that
+    multiplies it by a zero weight would spread the NaN. The reference keeps masked entries out exactly; it is
+    rematerialized in the backward pass, so the kernel path stores only its own residuals."""
+
+    def attention(q, k, v, *rest, options: AttentionOptions):
+        finite = jnp.all(jnp.isfinite(k)) & jnp.all(jnp.isfinite(v))
+        exact = jax.checkpoint(functools.partial(reference, options=options))
+        return jax.lax.cond(finite, functools.partial(kernel, options=options), exact, q, k, v, *rest)
+
+    return attention
+
+
 # --- implementations ----------------------------------------------------------------------------------------
 
 _backend.define_op(FLASH_ATTN, example=_flash_attn_example, implementations=(
-    _backend.Implementation("aiter", _aiter.flash_attn, platforms=("rocm",), library=MHA_LIBRARY,
-                            targets=(MHA_FWD, MHA_BWD), supports=_aiter.supports_flash_attn),
-    _backend.Implementation("cudnn", _cudnn.flash_attn, platforms=("cuda",), supports=_cudnn.supports_flash_attn),
+    _backend.Implementation("aiter", _reference_unless_finite(_aiter.flash_attn, _xla_flash_attn), platforms=("rocm",),
+                            library=MHA_LIBRARY, targets=(MHA_FWD, MHA_BWD), supports=_aiter.supports_flash_attn),
+    _backend.Implementation("cudnn", _reference_unless_finite(_cudnn.flash_attn, _xla_flash_attn),
+                            platforms=("cuda",), supports=_cudnn.supports_flash_attn),
     _backend.Implementation("xla", _xla_flash_attn),
 ))
 _backend.define_op(FLASH_ATTN_VARLEN, example=_flash_attn_varlen_example, implementations=(
-    _backend.Implementation("aiter", _aiter.flash_attn_varlen, platforms=("rocm",), library=MHA_LIBRARY,
-                            targets=(MHA_VARLEN_FWD, MHA_VARLEN_BWD), supports=_aiter.supports_flash_attn_varlen),
-    _backend.Implementation("cudnn", _cudnn.flash_attn_varlen, platforms=("cuda",),
-                            supports=_cudnn.supports_flash_attn_varlen),
+    _backend.Implementation("aiter", _reference_unless_finite(_aiter.flash_attn_varlen, _xla_flash_attn_varlen),
+                            platforms=("rocm",), library=MHA_LIBRARY, targets=(MHA_VARLEN_FWD, MHA_VARLEN_BWD),
+                            supports=_aiter.supports_flash_attn_varlen),
+    _backend.Implementation("cudnn", _reference_unless_finite(_cudnn.flash_attn_varlen, _xla_flash_attn_varlen),
+                            platforms=("cuda",), supports=_cudnn.supports_flash_attn_varlen),
     _backend.Implementation("xla", _xla_flash_attn_varlen),
 ))

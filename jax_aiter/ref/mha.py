@@ -2,7 +2,9 @@
 
 Logits are ``softmax_scale·q·kᵀ + bias + alibi`` in float32, masked by the bottom-right-aligned window; the
 softmax, dropout and the product with v are float32 too, and the output is rounded once to q's dtype.
-A query row that may see no key gets output 0 and lse −inf, and no gradient flows through it.
+A query row that may see no key gets output 0 and lse −inf, and no gradient flows through it. Masked means
+absent: keys and values a query may not see (outside its window, in another sequence, past the last offset)
+reach neither its output nor any gradient, even when they hold NaN or Inf.
 Gradients come from JAX autodiff of this code, which is written so that masked entries and empty rows
 differentiate to exact zeros instead of NaN.
 """
@@ -134,13 +136,22 @@ def _attend(q, k, v, *, scale, allowed, additive, dropout_seed, dropout_p):
     sk, kv_heads = k.shape[1], k.shape[2]
     groups = q_heads // kv_heads
     qg = q.astype(jnp.float32).reshape(batch, sq, kv_heads, groups, q.shape[-1])
+    k32 = k.astype(jnp.float32)
+    allowed = None if allowed is None else _grouped(allowed, kv_heads, groups)
+    if allowed is not None:
+        # Masked means absent: a key no query may see must not reach any output or gradient, even when it holds
+        # NaN or Inf (a masked product 0 * NaN would). Logits come from the finite keys; a key with a non-finite
+        # element gives a NaN logit, and only where it is allowed.
+        finite_key = jnp.all(jnp.isfinite(k32), axis=-1)  # [B, Sk, Hk]
+        k32 = jnp.where(finite_key[..., None], k32, 0.0)
     # HIGHEST keeps float32 products exact on GPUs, where the default would round inputs to TF32/bf16.
-    logits = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k.astype(jnp.float32), precision=lax.Precision.HIGHEST)
+    logits = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k32, precision=lax.Precision.HIGHEST)
     logits = logits * scale
     if additive is not None:
         logits = logits + _grouped(additive, kv_heads, groups)
     if allowed is not None:
-        logits = jnp.where(_grouped(allowed, kv_heads, groups), logits, -jnp.inf)
+        logits = jnp.where(jnp.transpose(finite_key, (0, 2, 1))[:, :, None, None, :], logits, jnp.nan)
+        logits = jnp.where(allowed, logits, -jnp.inf)
     # The row maximum only stabilizes exp and cancels exactly, so it carries no gradient; an empty row has
     # maximum -inf and is shifted by 0 instead, which keeps exp(-inf) = 0 and its derivative 0.
     row_max = lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True, initial=-jnp.inf))
@@ -157,9 +168,32 @@ def _attend(q, k, v, *, scale, allowed, additive, dropout_seed, dropout_p):
         # Dropout acts on the normalized probabilities (lse is that of the undropped softmax), scaled so that
         # the expected output equals the output without dropout.
         weights = jnp.where(_grouped(keep, kv_heads, groups), weights / (1.0 - dropout_p), 0.0)
-    out = jnp.einsum("bhgqk,bkhd->bqhgd", weights, v.astype(jnp.float32), precision=lax.Precision.HIGHEST)
+    out = _weighted_values(weights, v.astype(jnp.float32), allowed)
     out = out.reshape(batch, sq, q_heads, v.shape[-1]).astype(q.dtype)
     return out, lse[..., 0].reshape(batch, q_heads, sq)
+
+
+def _weighted_values(weights, v, allowed):
+    """``weights [B, Hk, G, Sq, Sk] @ v [B, Sk, Hk, Dv]`` where a value no query may see cannot reach the output:
+    with non-finite values present, each output element is NaN (or ±Inf) exactly when an allowed key's value
+    is, and the finite values' weighted sum otherwise. The usual all-finite case costs one product."""
+
+    def product(weights, values):
+        return jnp.einsum("bhgqk,bkhd->bqhgd", weights, values, precision=lax.Precision.HIGHEST)
+
+    if allowed is None:
+        return product(weights, v)
+
+    def with_non_finite(weights, v):
+        finite = jnp.isfinite(v)
+        out = product(weights, jnp.where(finite, v, 0.0))
+        seen = jnp.broadcast_to(allowed, weights.shape).astype(jnp.float32)
+        count = lambda marks: product(seen, marks.astype(jnp.float32))  # noqa: E731
+        nan, pos_inf, neg_inf = count(jnp.isnan(v)) > 0, count(v == jnp.inf) > 0, count(v == -jnp.inf) > 0
+        out = jnp.where(pos_inf, jnp.inf, jnp.where(neg_inf, -jnp.inf, out))
+        return jnp.where(nan | (pos_inf & neg_inf), jnp.nan, out)
+
+    return lax.cond(jnp.all(jnp.isfinite(v)), product, with_non_finite, weights, v)
 
 
 def _keep_mask(dropout_seed: jax.Array, dropout_p: float, shape: tuple[int, ...]) -> jax.Array:
