@@ -468,7 +468,9 @@ def test_device_arch_from_jax_device_attributes():
 
 
 def test_info_reports_aiter_choices_and_reasons(monkeypatch):
-    loaded = _native.LoadedLibrary("aiter", Path("/fake/libjax_aiter_aiter.so"))
+    targets = tuple(value for name, value in vars(jax_aiter.aiter).items() if name.isupper() and "LIBRARY" not in name)
+    assert "ja_aiter_mha_varlen_bwd" in targets
+    loaded = _native.LoadedLibrary("aiter", Path("/fake/libjax_aiter_aiter.so"), targets=targets)
     real_load = _native.load
     monkeypatch.setattr(_native, "load", lambda name: loaded if name.startswith("aiter") else real_load(name))
     monkeypatch.setattr(_support, "local_arch", lambda: "gfx942")
