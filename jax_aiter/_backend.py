@@ -157,6 +157,9 @@ def use_backend(default: str | None = None, **per_op: str) -> Iterator[None]:
 
     Per-op names win over the default; the block's choices win over the environment variable.
     """
+    for name, value in (("default", default), *per_op.items()):
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"use_backend: {name} must be an implementation name (str), got {type(value).__name__}")
     spec = ",".join(([default] if default else []) + [f"{k}={v}" for k, v in per_op.items()])
     forced = _parse_override(spec, "use_backend")
     current = dict(_override.value)

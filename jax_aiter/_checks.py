@@ -42,6 +42,7 @@ def check_rank(name: str, value: Any, rank: int) -> tuple[int, ...]:
 
 
 def check_same_dtype(name: str, value: Any, other_name: str, other: Any) -> None:
+    shape_dtype(name, value)
     if np.dtype(value.dtype) != np.dtype(other.dtype):
         raise TypeError(f"{name} must have the dtype of {other_name} ({np.dtype(other.dtype)}), got {np.dtype(value.dtype)}")
 
@@ -52,4 +53,14 @@ def check_positive_float(name: str, value: Any) -> float:
     value = float(value)
     if not value > 0 or not np.isfinite(value):
         raise ValueError(f"{name} must be a positive finite float, got {value}")
+    return value
+
+
+def check_epsilon(name: str, value: Any) -> float:
+    """A positive float that float32 holds as a normal number: the kernels add it in float32, where a smaller one
+    would be 0 (an all-zero row would then divide by zero)."""
+    value = check_positive_float(name, value)
+    if not np.finfo(np.float32).tiny <= value <= np.finfo(np.float32).max:
+        raise ValueError(f"{name} must be a normal float32 number (between {np.finfo(np.float32).tiny:.3g} and "
+                         f"{np.finfo(np.float32).max:.3g}), got {value}")
     return value

@@ -10,6 +10,7 @@ from __future__ import annotations
 import jax
 
 from jax_aiter import _backend, _checks, native
+from jax_aiter._autodiff import reverse_mode
 from jax_aiter.native import activation as native_impl
 from jax_aiter.ref import activation as ref
 
@@ -31,5 +32,5 @@ _backend.define_op(
     implementations=(
         _backend.Implementation("native", native_impl.silu_and_mul, library=native.LIBRARY,
                                 targets=native_impl.TARGETS),
-        _backend.Implementation("xla", ref.silu_and_mul),
+        _backend.Implementation("xla", reverse_mode(ref.silu_and_mul)),
     ))

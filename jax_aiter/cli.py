@@ -26,6 +26,21 @@ def _progress(total: int, width: int = 30):
     return show
 
 
+def _at_least(minimum: int):
+    """An argparse type: an int >= minimum, else a usage error naming the bound."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+        return value
+
+    return parse
+
+
 def cmd_info(args: argparse.Namespace) -> int:
     import jax_aiter
 
@@ -60,6 +75,11 @@ def cmd_convergence(args: argparse.Namespace) -> int:
 
     from jax_aiter.examples import convergence, tiny_llama
 
+    unknown = [name for name in args.recipes or () if name not in convergence.RECIPES]
+    if unknown:
+        print(f"jax-aiter convergence: unknown recipe(s) {', '.join(unknown)}; known: "
+              f"{', '.join(convergence.RECIPES)}", file=sys.stderr)
+        return 2
     cfg = tiny_llama.Config(steps=args.steps, seed=args.seed)
     recipes = args.recipes or list(convergence.RECIPES)
     total = cfg.steps
@@ -107,11 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("info", help="per op and platform, the implementation a call takes here and why").set_defaults(
         run=cmd_info)
     demo = sub.add_parser("demo", help="train a tiny Llama-style decoder built from jax_aiter ops")
-    demo.add_argument("--steps", type=int, default=150)
+    # The demo compares the mean loss of the first and the last five steps.
+    demo.add_argument("--steps", type=_at_least(10), default=150)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(run=cmd_demo)
     conv = sub.add_parser("convergence", help="train the demo model with BF16 and each MXFP4 recipe, compare losses")
-    conv.add_argument("--steps", type=int, default=150)
+    conv.add_argument("--steps", type=_at_least(1), default=150)
     conv.add_argument("--seed", type=int, default=0)
     conv.add_argument("--recipes", nargs="*", help="recipe names (default: all)")
     conv.add_argument("--out", default="convergence-out", help="directory for convergence.json and .png")

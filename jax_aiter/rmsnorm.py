@@ -14,8 +14,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_aiter import _backend, _checks
-from jax_aiter import native
+from jax_aiter import _backend, _checks, native
+from jax_aiter._autodiff import reverse_mode
 from jax_aiter.aiter import ADD_RMS_NORM_FWD, RMS_NORM_FWD
 from jax_aiter.aiter import LIBRARY as AITER_LIBRARY
 from jax_aiter.aiter import rmsnorm as aiter_impl
@@ -33,6 +33,7 @@ def rms_norm(x: jax.Array, gamma: jax.Array, epsilon: float = 1e-6) -> jax.Array
 def rms_norm_with_add(x: jax.Array, residual: jax.Array, gamma: jax.Array,
                       epsilon: float = 1e-6) -> tuple[jax.Array, jax.Array]:
     epsilon = _check(x, gamma, epsilon)
+    _checks.shape_dtype("residual", residual)
     if tuple(residual.shape) != tuple(x.shape):
         raise ValueError(f"residual must have x's shape {tuple(x.shape)}, got {tuple(residual.shape)}")
     _checks.check_same_dtype("residual", residual, "x", x)
@@ -46,7 +47,7 @@ def _check(x, gamma, epsilon) -> float:
     _checks.check_rank("gamma", gamma, 1)
     if gamma.shape[0] != shape[-1]:
         raise ValueError(f"gamma must have x's last dimension {shape[-1]}, got shape {tuple(gamma.shape)}")
-    return _checks.check_positive_float("epsilon", epsilon)
+    return _checks.check_epsilon("epsilon", epsilon)
 
 
 # --- implementations ----------------------------------------------------------------------------------------
@@ -67,12 +68,12 @@ _backend.define_op("rms_norm", example=_example, implementations=(
                             targets=(RMS_NORM_FWD,), supports=aiter_impl.supports),
     _backend.Implementation("native", native_impl.rms_norm, library=native.LIBRARY,
                             targets=native_impl.RMS_NORM_TARGETS, supports=native_impl.supports),
-    _backend.Implementation("xla", ref.rms_norm),
+    _backend.Implementation("xla", reverse_mode(ref.rms_norm)),
 ))
 _backend.define_op("rms_norm_with_add", example=_example_with_add, implementations=(
     _backend.Implementation("aiter", aiter_impl.rms_norm_with_add, platforms=("rocm",), library=AITER_LIBRARY,
                             targets=(ADD_RMS_NORM_FWD,), supports=aiter_impl.supports),
     _backend.Implementation("native", native_impl.rms_norm_with_add, library=native.LIBRARY,
                             targets=native_impl.RMS_NORM_WITH_ADD_TARGETS, supports=native_impl.supports),
-    _backend.Implementation("xla", ref.rms_norm_with_add),
+    _backend.Implementation("xla", reverse_mode(ref.rms_norm_with_add)),
 ))

@@ -121,3 +121,33 @@ def test_native_silu_and_mul_errors_raise(device):
     with jax_aiter.use_backend("native"):
         with pytest.raises(ValueError, match="even"):
             silu_and_mul(jnp.ones((4, 7), jnp.bfloat16))
+
+
+# --- one behaviour whichever implementation runs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(0, 8), (4, 0), (2, 0, 6)], ids=str)
+def test_empty_inputs_give_empty_results(impl, shape):
+    x = jnp.ones(shape, jnp.float32)
+    with jax_aiter.use_backend(silu_and_mul=impl):
+        assert silu_and_mul(x).shape == (*shape[:-1], shape[-1] // 2)
+        assert jax.grad(lambda x: silu_and_mul(x).sum())(x).shape == shape
+
+
+def test_forward_mode_fails_the_same_way_everywhere(impl):
+    x = jnp.ones((2, 8), jnp.float32)
+    with jax_aiter.use_backend(silu_and_mul=impl), pytest.raises(TypeError, match="forward-mode autodiff"):
+        jax.jvp(silu_and_mul, (x,), (x,))
+
+
+def test_second_order_gradient_equals_the_float64_formula(impl):
+    """d/dx of sum(d/dx sum(silu_and_mul(x))): for out = silu(g) * u, the inner gradient is
+    [u * silu'(g), silu(g)], and its derivative summed over outputs is [u * silu''(g) + silu'(g), silu'(g)]."""
+    x = np.random.default_rng(7).standard_normal((3, 10))
+    with jax_aiter.use_backend(silu_and_mul=impl):
+        got = jax.grad(lambda x: jax.grad(lambda x: silu_and_mul(x).sum())(x).sum())(jnp.asarray(x, jnp.float32))
+    g, u = x[:, :5], x[:, 5:]
+    s = 1 / (1 + np.exp(-g))
+    d1 = s * (1 + g * (1 - s))
+    d2 = s * (1 - s) * (2 + g * (1 - 2 * s))
+    np.testing.assert_allclose(np.asarray(got), np.concatenate([u * d2 + d1, d1], axis=1), rtol=1e-5, atol=1e-6)

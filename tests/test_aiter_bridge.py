@@ -144,6 +144,9 @@ def test_bf16_selection(host_driver):
     ("knl_name,co_name,tileM,tileN\nk,c.co,32,64,1\n", "fields but the header has 4"),
     ("knl_name,co_name,tileM,tileN\n,c.co,32,64\n", "must not be empty"),
     ("", "empty kernel table"),
+    ("knl_name,co_name,tileM,tileN\nk,../../../outside.co,32,64\n", "must be a relative path inside"),
+    ("knl_name,co_name,tileM,tileN\nk,/abs/k.co,32,64\n", "must be a relative path inside"),
+    ("knl_name,co_name,tileM,tileN\nk,bf16gemm/./k.co,32,64\n", "must be a relative path inside"),
 ])
 def test_malformed_tables_are_reported(host_driver, tmp_path, text, message):
     table = tmp_path / "table.csv"
@@ -170,6 +173,34 @@ def test_config_hash_covers_files_and_settings(tmp_path):
     assert first != manifest.config_hash(tmp_path, ["a.sh"], {"modules": ["x"]})
     with pytest.raises(manifest.ManifestError, match="does not exist"):
         manifest.config_hash(tmp_path, ["missing.sh"], {})
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"schema": 1, "files": null}', "'files' must be an object"),
+    ('{"schema": 1, "files": "x"}', "'files' must be an object"),
+    ('{"schema": 1, "files": 3}', "'files' must be an object"),
+    ('{"schema": 1, "files": {"a": 1}}', "'files' must be an object mapping paths to sha256 strings"),
+    ('{"schema": 1, "gpu_archs": "gfx942"}', "'gpu_archs' must be a list of strings"),
+    ('{"schema": 1, "provenance": [1]}', "'provenance' must be an object"),
+    ("[" * 100000 + "]" * 100000, "unreadable: RecursionError"),
+    ("{not json", "unreadable"),
+])
+def test_hostile_manifests_raise_manifest_errors(tmp_path, text, message):
+    (tmp_path / manifest.FILE_NAME).write_text(text)
+    with pytest.raises(manifest.ManifestError, match=re.escape(message)):
+        manifest.read(tmp_path)
+
+
+def test_a_symlink_in_the_stage_is_refused(tmp_path):
+    """Files behind a symbolic link would escape the hashes: a stage must hold regular files only."""
+    stage = tmp_path / "stage"
+    (stage / "hsa").mkdir(parents=True)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "k.co").write_bytes(b"x")
+    (stage / "hsa" / "gfx950").symlink_to(outside)
+    with pytest.raises(manifest.ManifestError, match="is a symbolic link"):
+        manifest.hash_tree(stage)
 
 
 def test_manifest_gates_reuse(tmp_path):

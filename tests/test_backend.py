@@ -295,3 +295,50 @@ def test_dispatch_combines_platforms_in_one_program():
     assert "ja_rms_norm_fwd" in exported.mlir_module()
     exported = jax.export.deserialize(exported.serialize())
     np.testing.assert_allclose(np.asarray(exported.call(x, g)), np.asarray(rms_norm(x, g)), rtol=1e-6)
+
+
+def test_use_backend_rejects_a_name_that_is_not_a_string():
+    with pytest.raises(TypeError, match="use_backend: default must be an implementation name"):
+        with jax_aiter.use_backend(123):
+            pass
+    with pytest.raises(TypeError, match="use_backend: gemm must be an implementation name"):
+        with jax_aiter.use_backend(gemm=["xla"]):
+            pass
+
+
+def test_environment_variable_rejects_an_unknown_op():
+    bad = _run_python("import jax_aiter", JAX_AITER_BACKEND="rmsnorm=xla")
+    assert bad.returncode != 0 and "unknown op 'rmsnorm'" in bad.stderr and "rms_norm" in bad.stderr
+
+
+# --- jax_aiter.export ---------------------------------------------------------------------------------------------
+
+
+def test_export_keeps_the_callers_disabled_checks_on_every_call():
+    from jax_aiter.activation import silu_and_mul
+
+    extra = jax.export.DisabledSafetyCheck.custom_call("some_other_target")
+    exporter = jax_aiter.export(silu_and_mul, platforms=("cpu",), disabled_checks=[extra])
+    x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    for _ in range(2):
+        exported = exporter(x)
+        assert extra in exported.disabled_safety_checks
+
+
+@pytest.mark.parametrize("platforms, error, match", [
+    ("cpu", None, None),
+    (("cpu", "rocm"), None, None),
+    ("gpu", ValueError, "platforms must name one or more of"),
+    (("cpu", "metal"), ValueError, "platforms must name one or more of"),
+    ((), ValueError, "platforms must name one or more of"),
+    (3, TypeError, "platforms must be a platform name"),
+])
+def test_export_checks_platforms_before_tracing(platforms, error, match):
+    from jax_aiter.activation import silu_and_mul
+
+    if error is None:
+        exported = jax_aiter.export(silu_and_mul, platforms=platforms)(jax.ShapeDtypeStruct((4, 8), jnp.float32))
+        assert exported.platforms == ((platforms,) if isinstance(platforms, str) else platforms)
+    else:
+        with pytest.raises(error, match=match):
+            jax_aiter.export(silu_and_mul, platforms=platforms)

@@ -41,3 +41,25 @@ def test_demo_command_trains_and_loss_falls(capsys):
     assert cli.main(["demo", "--steps", "60"]) == 0
     out = capsys.readouterr().out
     assert "rms_norm" in out and "loss: first steps" in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["demo", "--steps", "-3"], "must be at least 10, got -3"),
+    (["demo", "--steps", "5"], "must be at least 10, got 5"),
+    (["convergence", "--steps", "0"], "must be at least 1, got 0"),
+    (["demo", "--steps", "many"], "expected an integer"),
+])
+def test_cli_rejects_step_counts_before_training(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_convergence_rejects_an_unknown_recipe_before_training(capsys, monkeypatch):
+    from jax_aiter.examples import convergence
+
+    monkeypatch.setattr(convergence, "run", lambda *a, **k: pytest.fail("trained before checking recipe names"))
+    assert cli.main(["convergence", "--recipes", "no-such-recipe", "--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown recipe(s) no-such-recipe" in err and "mxfp4-default" in err

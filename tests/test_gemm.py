@@ -49,3 +49,8 @@ def test_vmap():
 def test_bad_input(a, b, error, match):
     with pytest.raises(error, match=match):
         gemm(a, b)
+
+
+def test_weight_that_is_not_an_array_is_named():
+    with pytest.raises(TypeError, match="b must be an array, got list"):
+        gemm(jnp.ones((2, 8), jnp.bfloat16), [[1.0] * 8] * 4)

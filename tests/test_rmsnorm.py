@@ -10,6 +10,7 @@ import pytest
 
 import jax_aiter
 from jax_aiter import _backend, _native
+from jax_aiter.ref import rmsnorm as _ref
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add
 
 import _oracle
@@ -201,3 +202,94 @@ def test_native_rms_norm_errors_raise(device):
     with pytest.raises(jax.errors.JaxRuntimeError, match="gamma must be 1-D with x's last dimension"):
         _oracle.ffi_call_now("ja_rms_norm_fwd", (out((4, 64), bf16), out((4,), jnp.float32)), x, x[0, :32],
                              epsilon=np.float32(1e-6))
+
+
+# --- one behaviour whichever implementation runs -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("epsilon", [1e-50, 1e-39, float("inf"), 0.0, -1e-6])
+def test_epsilon_must_be_a_normal_float32(epsilon):
+    """1e-50 is 0 in float32 (an all-zero row would give NaN); 1e-39 is subnormal there."""
+    x = jnp.zeros((2, 8), jnp.float32)
+    with pytest.raises(ValueError, match="epsilon must be"):
+        rms_norm(x, jnp.ones(8), epsilon=epsilon)
+
+
+def test_smallest_normal_epsilon_keeps_an_all_zero_row_finite(impl):
+    with jax_aiter.use_backend(rms_norm=impl):
+        y = rms_norm(jnp.zeros((2, 8), jnp.float32), jnp.ones(8), epsilon=float(np.finfo(np.float32).tiny))
+    np.testing.assert_array_equal(np.asarray(y), 0.0)
+
+
+def test_residual_that_is_not_an_array_is_named():
+    x = jnp.ones((2, 8), jnp.float32)
+    with pytest.raises(TypeError, match="residual must be an array, got list"):
+        rms_norm_with_add(x, [[1.0] * 8] * 2, jnp.ones(8))
+
+
+@pytest.mark.parametrize("shape", [(4, 0), (0, 8), (2, 0, 8)], ids=str)
+def test_empty_inputs_give_empty_results(impl, shape):
+    x = jnp.ones(shape, jnp.float32)
+    gamma = jnp.ones(shape[-1:], jnp.float32)
+    with jax_aiter.use_backend(rms_norm=impl, rms_norm_with_add=impl):
+        assert rms_norm(x, gamma).shape == shape
+        y, total = rms_norm_with_add(x, x, gamma)
+        assert y.shape == total.shape == shape
+        assert jax.grad(lambda x: rms_norm(x, gamma).sum())(x).shape == shape
+
+
+def test_forward_mode_fails_the_same_way_everywhere(impl):
+    x = jnp.ones((2, 8), jnp.float32)
+    with jax_aiter.use_backend(rms_norm=impl), pytest.raises(TypeError, match="forward-mode autodiff"):
+        jax.jvp(lambda x: rms_norm(x, jnp.ones(8)), (x,), (x,))
+
+
+def test_second_order_gradients_agree_across_implementations():
+    """grad of grad through rms_norm and rms_norm_with_add runs on every implementation (the native one's
+    kernels carry the reference's derivative) and equals JAX's second derivative of the reference."""
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((3, 16)), jnp.float32)
+    gamma = jnp.asarray(1 + 0.1 * rng.standard_normal(16), jnp.float32)
+
+    def second_order(fn):
+        inner = jax.grad(lambda x: jnp.sum(fn(x) ** 3))
+        return jax.grad(lambda x: jnp.sum(inner(x) * jnp.arange(16.0)))(x)
+
+    results = {}
+    for name in IMPLS:
+        if name == "native" and _native.load("cpu").problem:
+            continue
+        with jax_aiter.use_backend(name):
+            results[name] = (second_order(lambda z: rms_norm(z, gamma)),
+                             second_order(lambda z: rms_norm_with_add(z, 0.5 * z, gamma)[0]))
+    with jax_aiter.use_backend("xla"):
+        unwrapped = (second_order(lambda z: _ref.rms_norm(z, gamma, epsilon=1e-6)),
+                     second_order(lambda z: _ref.rms_norm_with_add(z, 0.5 * z, gamma, epsilon=1e-6)[0]))
+    for name, got in results.items():
+        for a, b in zip(got, unwrapped):
+            assert np.isfinite(np.asarray(a)).all()
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+# --- long reductions (slow tier): accurate to ~1e-6 at 2^24 elements and more ---------------------------------
+
+
+@pytest.mark.slow
+def test_a_row_of_2_25_ones_normalizes_to_one(impl):
+    n = 2 ** 25
+    with jax_aiter.use_backend(rms_norm=impl):
+        y = rms_norm(jnp.ones((1, n), jnp.float32), jnp.ones(n, jnp.float32), epsilon=1e-6)
+    np.testing.assert_allclose(np.asarray(y[0, :: n // 64]), 1 / np.sqrt(1 + 1e-6), rtol=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rows", [2 ** 21, 2 ** 24])
+def test_dgamma_over_millions_of_rows(impl, rows):
+    """dgamma sums dy * x * inv_rms over every row: 2^24 rows of 4 columns, against the exact sum."""
+    x = jnp.tile(jnp.asarray([[1.0, -2.0, 3.0, 0.5]], jnp.float32), (rows, 1))
+    gamma = jnp.ones(4, jnp.float32)
+    with jax_aiter.use_backend(rms_norm=impl):
+        dgamma = jax.grad(lambda g: rms_norm(x, g, epsilon=1e-6).sum())(gamma)
+    row = np.asarray([1.0, -2.0, 3.0, 0.5])
+    want = rows * row / np.sqrt(np.mean(row ** 2) + 1e-6)
+    np.testing.assert_allclose(np.asarray(dgamma, np.float64), want, rtol=1e-6)

@@ -1,5 +1,6 @@
 #include "kernel_table.h"
 
+#include <algorithm>
 #include <cctype>
 #include <charconv>
 #include <fstream>
@@ -8,7 +9,23 @@
 #include <sstream>
 
 namespace jax_aiter::aiter {
+
 namespace {
+
+// A code-object name from a table is joined to the asset folder to form a path: it must stay inside it.
+bool is_relative_asset_name(const std::string& name) {
+  if (name.empty() || name.front() == '/') return false;
+  for (char c : name)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == '/')) return false;
+  size_t start = 0;
+  while (start <= name.size()) {
+    const size_t end = std::min(name.find('/', start), name.size());
+    const std::string part = name.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") return false;
+    start = end + 1;
+  }
+  return true;
+}
 
 // "tile_M", "tileM" and "TILE_M" all name the same column.
 std::string normalize(std::string_view name) {
@@ -114,6 +131,9 @@ std::string parse_kernel_table(std::string_view text, const std::string& source,
     row.knl_name = text_field(col.knl_name);
     row.co_name = text_field(col.co_name);
     if (row.knl_name.empty() || row.co_name.empty()) return location + ": knl_name and co_name must not be empty";
+    if (!is_relative_asset_name(row.co_name))
+      return location + ": co_name " + row.co_name +
+             " must be a relative path inside the asset folder (letters, digits, _ - . /, no .. or leading /)";
     int split_k = 0, b_preshuffle = 0, bias = 0, persistent = 0;
     for (const auto& [column, name, value] :
          {std::tuple{col.tile_m, "tile_M", &row.tile_m}, std::tuple{col.tile_n, "tile_N", &row.tile_n},

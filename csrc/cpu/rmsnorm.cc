@@ -1,6 +1,8 @@
 // RMSNorm on the CPU: forward (optionally with the residual add fused in front) and backward.
 // y = x * rsqrt(mean(x^2) + eps) * gamma, float32 math; the forward also returns rsqrt(...) per row for the
-// backward. With the add, s = round_to_dtype(x + residual) is written and normalized.
+// backward. With the add, s = round_to_dtype(x + residual) is written and normalized. The long reductions (a
+// row's sum of squares, a row's dot product, dgamma over all rows) accumulate in double, so they stay accurate
+// to float32 rounding for rows and row counts in the millions.
 
 #include <cmath>
 #include <cstdint>
@@ -19,7 +21,7 @@ void rms_norm_forward(const typename E::Storage* x, const typename E::Storage* r
   std::vector<float> row(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t base = r * cols;
-    float sum_sq = 0.f;
+    double sum_sq = 0.0;
     for (int64_t c = 0; c < cols; ++c) {
       float v = E::load(x[base + c]);
       if (residual != nullptr) {
@@ -28,9 +30,9 @@ void rms_norm_forward(const typename E::Storage* x, const typename E::Storage* r
         v = E::load(rounded);
       }
       row[c] = v;
-      sum_sq += v * v;
+      sum_sq += static_cast<double>(v) * v;
     }
-    const float scale = 1.f / std::sqrt(sum_sq / static_cast<float>(cols) + epsilon);
+    const float scale = 1.f / std::sqrt(static_cast<float>(sum_sq / static_cast<double>(cols)) + epsilon);
     inv_rms[r] = scale;
     for (int64_t c = 0; c < cols; ++c) y[base + c] = E::store(row[c] * scale * E::load(gamma[c]));
   }
@@ -41,25 +43,25 @@ template <typename E>
 void rms_norm_backward(const typename E::Storage* dy, const typename E::Storage* x, const typename E::Storage* gamma,
                        const float* inv_rms, const typename E::Storage* d_sum, int64_t rows, int64_t cols,
                        typename E::Storage* dx, typename E::Storage* dgamma) {
-  std::vector<float> dgamma_acc(cols, 0.f);
+  std::vector<double> dgamma_acc(cols, 0.0);
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t base = r * cols;
     const float scale = inv_rms[r];
-    float dot = 0.f;
+    double dot = 0.0;
     for (int64_t c = 0; c < cols; ++c) {
       const float xv = E::load(x[base + c]);
       const float dyv = E::load(dy[base + c]);
-      dot += dyv * E::load(gamma[c]) * xv;
-      dgamma_acc[c] += dyv * xv * scale;
+      dot += static_cast<double>(dyv * E::load(gamma[c]) * xv);
+      dgamma_acc[c] += static_cast<double>(dyv * xv * scale);
     }
-    const float correction = dot / static_cast<float>(cols) * scale * scale * scale;
+    const float correction = static_cast<float>(dot / static_cast<double>(cols)) * scale * scale * scale;
     for (int64_t c = 0; c < cols; ++c) {
       float g = scale * E::load(dy[base + c]) * E::load(gamma[c]) - E::load(x[base + c]) * correction;
       if (d_sum != nullptr) g += E::load(d_sum[base + c]);
       dx[base + c] = E::store(g);
     }
   }
-  for (int64_t c = 0; c < cols; ++c) dgamma[c] = E::store(dgamma_acc[c]);
+  for (int64_t c = 0; c < cols; ++c) dgamma[c] = E::store(static_cast<float>(dgamma_acc[c]));
 }
 
 ffi::Error RmsNormForward(ffi::AnyBuffer x, ffi::AnyBuffer gamma, float epsilon, ffi::Result<ffi::AnyBuffer> y,

@@ -75,6 +75,24 @@ __device__ __forceinline__ void store_output(const RmsNormForwardArgs<typename E
 
 }  // namespace rms_norm_detail
 
+namespace rms_norm_detail {
+
+// A compensated (Kahan) float sum: its error stays a few ulp however many terms it takes, where a plain serial
+// float sum loses digits with its length (a thread's share of a row of millions, or a block's share of millions
+// of rows for dgamma).
+struct CompensatedSum {
+  float sum = 0.f;
+  float carry = 0.f;
+  __device__ __forceinline__ void add(float x) {
+    const float y = x - carry;
+    const float t = sum + y;
+    carry = (t - sum) - y;
+    sum = t;
+  }
+};
+
+}  // namespace rms_norm_detail
+
 template <typename E, int kVec, int kItems>
 __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_forward_kernel(RmsNormForwardArgs<typename E::Storage> a) {
   using namespace rms_norm_detail;
@@ -108,13 +126,16 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_forward_kernel(RmsNor
 
   // Streaming path for rows longer than the registers hold: the second pass re-reads the input (the fused
   // sum from `sum`, which this same thread wrote in the first pass).
+  CompensatedSum row_sum_sq;
   for (int j = t; j < accesses; j += stride) {
     float v[kVec];
     load_input<E, kVec>(a, row_start + int64_t{j} * kVec, v);
+    float access_sum_sq = 0.f;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) sum_sq += v[k] * v[k];
+    for (int k = 0; k < kVec; ++k) access_sum_sq += v[k] * v[k];
+    row_sum_sq.add(access_sum_sq);
   }
-  const float scale = rsqrtf(gpu::block_sum(sum_sq, scratch) / static_cast<float>(a.cols) + a.epsilon);
+  const float scale = rsqrtf(gpu::block_sum(row_sum_sq.sum, scratch) / static_cast<float>(a.cols) + a.epsilon);
   if (t == 0) a.inv_rms[blockIdx.x] = scale;
   using S = typename E::Storage;
   const S* normalized = a.residual == nullptr ? a.x : a.sum;
@@ -171,12 +192,10 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
     // widened where used; only the dgamma sums are float.
     using S = typename E::Storage;
     gpu::Vec<S, kVec> g[kItems];
-    float acc[kItems][kVec];
+    CompensatedSum acc[kItems][kVec];
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const int j = t + i * stride;
-#pragma unroll
-      for (int k = 0; k < kVec; ++k) acc[i][k] = 0.f;
       if (j < accesses) g[i] = gpu::load_vec<kVec>(a.gamma + j * kVec);
     }
     for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
@@ -214,7 +233,7 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
             xf[k] = E::load(x[i].v[k]);
             gf[k] = E::load(g[i].v[k]);
             dsf[k] = kFused ? E::load(d_sum[i].v[k]) : 0.f;
-            acc[i][k] += dyf[k] * xf[k] * scale;
+            acc[i][k].add(dyf[k] * xf[k] * scale);
           }
           backward_store<E, kVec>(a, row_start + int64_t{j} * kVec, dyf, xf, gf, dsf, scale, correction);
         }
@@ -225,7 +244,7 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
       const int j = t + i * stride;
       if (j < accesses) {
 #pragma unroll
-        for (int k = 0; k < kVec; ++k) partial[j * kVec + k] = acc[i][k];
+        for (int k = 0; k < kVec; ++k) partial[j * kVec + k] = acc[i][k].sum;
       }
     }
     return;
@@ -237,17 +256,19 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
   }
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const int64_t row_start = row * a.cols;
-    float dot = 0.f;
+    CompensatedSum dot;
     for (int j = t; j < accesses; j += stride) {
       float dy[kVec], x[kVec], g[kVec];
       load_floats<E, kVec>(a.dy + row_start + int64_t{j} * kVec, dy);
       load_floats<E, kVec>(a.x + row_start + int64_t{j} * kVec, x);
       load_floats<E, kVec>(a.gamma + j * kVec, g);
+      float access_dot = 0.f;
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) dot += dy[k] * g[k] * x[k];
+      for (int k = 0; k < kVec; ++k) access_dot += dy[k] * g[k] * x[k];
+      dot.add(access_dot);
     }
     const float scale = a.inv_rms[row];
-    const float correction = gpu::block_sum(dot, scratch) * inv_cols * scale * scale * scale;
+    const float correction = gpu::block_sum(dot.sum, scratch) * inv_cols * scale * scale * scale;
     for (int j = t; j < accesses; j += stride) {
       float dy[kVec], x[kVec], g[kVec], d_sum[kVec] = {};
       load_floats<E, kVec>(a.dy + row_start + int64_t{j} * kVec, dy);

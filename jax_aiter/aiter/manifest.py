@@ -74,9 +74,19 @@ class BuildKey:
 
 
 def hash_tree(stage: Path) -> dict[str, str]:
-    """sha256 of every file under ``stage`` except the manifest, by path relative to ``stage``."""
-    return {path.relative_to(stage).as_posix(): sha256_file(path)
-            for path in sorted(stage.rglob("*")) if path.is_file() and path.name != FILE_NAME}
+    """sha256 of every file under ``stage`` except the manifest, by path relative to ``stage``. A stage holds
+    regular files and folders only: a symbolic link (whose target the hashes would not cover) is an error."""
+    hashes = {}
+    for folder, dirs, files in os.walk(stage, followlinks=False):
+        for name in sorted(dirs + files):
+            path = Path(folder) / name
+            if path.is_symlink():
+                raise ManifestError(f"{path} is a symbolic link; a staged AITER build holds regular files only")
+        for name in files:
+            path = Path(folder) / name
+            if path.name != FILE_NAME or path.parent != stage:
+                hashes[path.relative_to(stage).as_posix()] = sha256_file(path)
+    return dict(sorted(hashes.items()))
 
 
 def write(stage: Path, key: BuildKey, provenance: Mapping[str, str],
@@ -100,11 +110,33 @@ def read(stage: Path) -> dict[str, Any] | None:
         return None
     try:
         data = json.loads(path.read_text())
-    except (OSError, ValueError) as err:
-        raise ManifestError(f"{path} is unreadable: {err}") from err
+    except (OSError, ValueError, RecursionError) as err:
+        raise ManifestError(f"{path} is unreadable: {type(err).__name__}: {str(err)[:200]}") from None
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ManifestError(f"{path} is not a schema-{SCHEMA} manifest")
+    for field, kind, check in _FIELDS:
+        if field in data and not check(data[field]):
+            raise ManifestError(f"{path}: {field!r} must be {kind}, got {type(data[field]).__name__}")
     return data
+
+
+def _strings(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _string_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
+
+
+# The fields a manifest may hold, with the JSON type each must have.
+_FIELDS = (
+    ("aiter_commit", "a string", lambda v: isinstance(v, str)),
+    ("gpu_archs", "a list of strings", _strings),
+    ("config_hash", "a string", lambda v: isinstance(v, str)),
+    ("provenance", "an object of strings", _string_map),
+    ("files", "an object mapping paths to sha256 strings", _string_map),
+    ("validated", "an object", lambda v: isinstance(v, dict)),
+)
 
 
 def mismatches(stage: Path, key: BuildKey, *, verify_files: bool = True) -> list[str]:
@@ -121,7 +153,10 @@ def mismatches(stage: Path, key: BuildKey, *, verify_files: bool = True) -> list
             problems.append(f"{field}: staged {data.get(field)!r}, wanted {wanted!r}")
     if verify_files:
         recorded = data.get("files", {})
-        present = hash_tree(stage)
+        try:
+            present = hash_tree(stage)
+        except ManifestError as err:
+            return problems + [str(err)]
         for rel in sorted(set(recorded) | set(present)):
             if rel not in present:
                 problems.append(f"{rel}: recorded but missing")

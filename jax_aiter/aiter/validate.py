@@ -197,6 +197,11 @@ def check_code_object(where: str, family: str, entry: dict, split_k: bool = True
     return problems
 
 
+# What the launcher accepts as a code-object name (csrc/aiter/kernel_table.cc): a relative path of these
+# characters without empty, "." or ".." parts.
+_ASSET_NAME = re.compile(r"[A-Za-z0-9_.\-/]+")
+
+
 def check_table(where: str, family: str, table: dict) -> tuple[list[str], list[dict]]:
     """Problems of one kernel table's header and rows, and its rows as dicts by normalized column."""
     columns = [normalize(c) for c in table["columns"]]
@@ -217,6 +222,10 @@ def check_table(where: str, family: str, table: dict) -> tuple[list[str], list[d
         bad = [c for c in _INT_COLUMNS if row.get(c) and not row[c].isdigit()]
         if bad or not row.get("knlname") or not row.get("coname"):
             problems.append(f"{where}:{line}: unreadable row {fields}")
+            continue
+        if not _ASSET_NAME.fullmatch(row["coname"]) or any(p in ("", ".", "..") for p in row["coname"].split("/")):
+            problems.append(f"{where}:{line}: co_name {row['coname']!r} is not a relative path inside the asset "
+                            "folder (the launcher refuses it)")
             continue
         rows.append(row)
     return problems, rows

@@ -26,7 +26,7 @@ def _copy_shapes(rows: int, cols: int, layout: str) -> tuple[jax.ShapeDtypeStruc
     return jax.ShapeDtypeStruct((rows, cols // 2), jnp.uint8), jax.ShapeDtypeStruct(scales, jnp.uint8)
 
 
-def _cast(x, sr_key, hadamard_key, index_offset, *, rowwise: bool, columnwise: bool, scale_rule: str,
+def _cast_kernel(x, sr_key, hadamard_key, index_offset, *, rowwise: bool, columnwise: bool, scale_rule: str,
           stochastic: bool, hadamard_rowwise: int, hadamard_columnwise: int, hadamard_signs: bool,
           layout_rowwise: str, layout_columnwise: str):
     m, k = x.shape
@@ -37,6 +37,22 @@ def _cast(x, sr_key, hadamard_key, index_offset, *, rowwise: bool, columnwise: b
                 scale_rule=scale_rule, stochastic=stochastic, hadamard_rowwise=np.int32(hadamard_rowwise),
                 hadamard_columnwise=np.int32(hadamard_columnwise), hadamard_signs=hadamard_signs,
                 layout_rowwise=layout_rowwise, layout_columnwise=layout_columnwise)
+
+
+def _cast(x, sr_key, hadamard_key, index_offset, **params):
+    """The cast with the derivative every implementation has: its outputs are integer bytes, so no gradient
+    flows through it (zero, as JAX gives for the reference), in forward and reverse mode alike."""
+
+    @jax.custom_jvp
+    def cast(x, sr_key, hadamard_key, index_offset):
+        return _cast_kernel(x, sr_key, hadamard_key, index_offset, **params)
+
+    @cast.defjvp
+    def _(primals, tangents):
+        outputs = cast(*primals)
+        return outputs, tuple(np.zeros(o.shape, jax.dtypes.float0) for o in outputs)
+
+    return cast(x, sr_key, hadamard_key, index_offset)
 
 
 def cast_mxfp4(x, sr_key, hadamard_key, index_offset, *, columnwise: bool, scale_rule: str, stochastic: bool,

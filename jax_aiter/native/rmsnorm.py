@@ -1,6 +1,9 @@
 """``rms_norm`` and ``rms_norm_with_add`` as this project's kernels (csrc/cpu/rmsnorm.cc, csrc/gpu/rmsnorm.cu;
 contract csrc/include/jax_aiter/rmsnorm.h): forward and backward, float32 math. The forward saves ``1/rms`` per
 row for the backward.
+
+Differentiation is reverse mode, like every implementation of these ops: the first derivative runs the backward
+kernel, and each kernel call carries the reference's derivative, so gradients of gradients work too.
 """
 
 from __future__ import annotations
@@ -12,6 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_aiter._autodiff import kernel_forward_reference_backward
+from jax_aiter._autodiff import reverse_mode as _reverse_mode_reference
+from jax_aiter.ref import rmsnorm as ref
+
 # The GPU backward sums dgamma per thread block into a [blocks, cols] float32 workspace, then across blocks:
 # at most this many blocks (one resident wave on an H200 or MI300), so the workspace stays a few percent of the
 # traffic. XLA allocates it as a third output; the CPU kernel does not use it.
@@ -21,19 +28,20 @@ RMS_NORM_TARGETS = ("ja_rms_norm_fwd", "ja_rms_norm_bwd")
 RMS_NORM_WITH_ADD_TARGETS = ("ja_add_rms_norm_fwd", "ja_rms_norm_bwd")
 
 
-def _forward_call(x, gamma, epsilon):
+def _forward_kernel(x, gamma, *, epsilon):
     out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32))
     return jax.ffi.ffi_call("ja_rms_norm_fwd", out, vmap_method="sequential")(x, gamma, epsilon=np.float32(epsilon))
 
 
-def _add_forward_call(x, residual, gamma, epsilon):
+def _add_forward_kernel(x, residual, gamma, *, epsilon):
     out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(x.shape, x.dtype),
            jax.ShapeDtypeStruct(x.shape[:-1], jnp.float32))
     return jax.ffi.ffi_call("ja_add_rms_norm_fwd", out, vmap_method="sequential")(
         x, residual, gamma, epsilon=np.float32(epsilon))
 
 
-def _backward_call(dy, x, gamma, inv_rms, d_sum):
+def _backward_kernel(dy, x, gamma, inv_rms, d_sum, *, epsilon):
+    del epsilon  # inv_rms holds it
     rows = math.prod(x.shape[:-1])
     out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(gamma.shape, gamma.dtype),
            jax.ShapeDtypeStruct((min(rows, DGAMMA_MAX_BLOCKS), x.shape[-1]), jnp.float32))
@@ -41,19 +49,42 @@ def _backward_call(dy, x, gamma, inv_rms, d_sum):
     return dx, dgamma
 
 
+def _forward_reference(x, gamma, *, epsilon):
+    x32 = x.astype(jnp.float32)
+    return ref.rms_norm(x, gamma, epsilon=epsilon), jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1) + epsilon)
+
+
+def _add_forward_reference(x, residual, gamma, *, epsilon):
+    y, total = ref.rms_norm_with_add(x, residual, gamma, epsilon=epsilon)
+    return y, total, _forward_reference(total, gamma, epsilon=epsilon)[1]
+
+
+def _backward_reference(dy, x, gamma, inv_rms, d_sum, *, epsilon):
+    # inv_rms is a function of x wherever the kernels meet it, so recomputing it from x gives the same values and
+    # the whole derivative through x.
+    del inv_rms
+    dx, dgamma = jax.vjp(lambda x, gamma: ref.rms_norm(x, gamma, epsilon=epsilon), x, gamma)[1](dy)
+    return (dx + d_sum.astype(dx.dtype) if d_sum.size else dx), dgamma
+
+
+_forward_call = kernel_forward_reference_backward(_forward_kernel, _forward_reference)
+_add_forward_call = kernel_forward_reference_backward(_add_forward_kernel, _add_forward_reference)
+_backward_call = kernel_forward_reference_backward(_backward_kernel, _backward_reference)
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _rms_norm(x, gamma, epsilon):
-    return _forward_call(x, gamma, epsilon)[0]
+    return _forward_call(x, gamma, epsilon=epsilon)[0]
 
 
 def _rms_norm_fwd(x, gamma, epsilon):
-    y, inv_rms = _forward_call(x, gamma, epsilon)
+    y, inv_rms = _forward_call(x, gamma, epsilon=epsilon)
     return y, (x, gamma, inv_rms)
 
 
 def _rms_norm_bwd(epsilon, residuals, dy):
     x, gamma, inv_rms = residuals
-    return _backward_call(dy, x, gamma, inv_rms, jnp.zeros((0,), x.dtype))
+    return _backward_call(dy, x, gamma, inv_rms, jnp.zeros((0,), x.dtype), epsilon=epsilon)
 
 
 _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
@@ -61,30 +92,37 @@ _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
 def _rms_norm_with_add(x, residual, gamma, epsilon):
-    y, total, _ = _add_forward_call(x, residual, gamma, epsilon)
+    y, total, _ = _add_forward_call(x, residual, gamma, epsilon=epsilon)
     return y, total
 
 
 def _rms_norm_with_add_fwd(x, residual, gamma, epsilon):
-    y, total, inv_rms = _add_forward_call(x, residual, gamma, epsilon)
+    y, total, inv_rms = _add_forward_call(x, residual, gamma, epsilon=epsilon)
     return (y, total), (total, gamma, inv_rms)
 
 
 def _rms_norm_with_add_bwd(epsilon, residuals, cotangents):
     total, gamma, inv_rms = residuals
     dy, d_total = cotangents
-    dx, dgamma = _backward_call(dy, total, gamma, inv_rms, d_total)
+    dx, dgamma = _backward_call(dy, total, gamma, inv_rms, d_total, epsilon=epsilon)
     return dx, dx, dgamma
 
 
 _rms_norm_with_add.defvjp(_rms_norm_with_add_fwd, _rms_norm_with_add_bwd)
 
 
+# An input without elements needs no kernel: the reference gives the same (empty) result.
+
+
 def rms_norm(x, gamma, *, epsilon):
+    if math.prod(x.shape) == 0:
+        return _reverse_mode_reference(ref.rms_norm)(x, gamma, epsilon=epsilon)
     return _rms_norm(x, gamma, epsilon)
 
 
 def rms_norm_with_add(x, residual, gamma, *, epsilon):
+    if math.prod(x.shape) == 0:
+        return _reverse_mode_reference(ref.rms_norm_with_add)(x, residual, gamma, epsilon=epsilon)
     return _rms_norm_with_add(x, residual, gamma, epsilon)
 
 
