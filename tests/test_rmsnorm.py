@@ -8,6 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import hypothesis
+from hypothesis import strategies as st
+
+import _property
 import jax_aiter
 from jax_aiter import _backend, _native
 from jax_aiter.ref import rmsnorm as _ref
@@ -293,3 +297,85 @@ def test_dgamma_over_millions_of_rows(impl, rows):
     row = np.asarray([1.0, -2.0, 3.0, 0.5])
     want = rows * row / np.sqrt(np.mean(row ** 2) + 1e-6)
     np.testing.assert_allclose(np.asarray(dgamma, np.float64), want, rtol=1e-6)
+
+
+# --- property-based (slow tier): native == reference within the ulp bound, malformed calls never crash ------------
+
+NORM_PROPERTY_SHAPES = [(1, 1), (1, 7), (3, 1), (5, 33), (0, 8), (4, 256), (2, 3, 96), (1, 8193), (7, 1000)]
+
+
+def _assert_same_specials_and_close(got, want, dtype):
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.where(np.isinf(want), got, 0), np.where(np.isinf(want), want, 0))
+    finite = np.isfinite(want)
+    if finite.any():
+        _oracle.assert_close(got[finite], want[finite], dtype, factor=2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_native.load("cpu").problem is not None, reason="no CPU library built")
+@hypothesis.settings(max_examples=3000, deadline=None, suppress_health_check=list(hypothesis.HealthCheck),
+                     phases=(hypothesis.Phase.generate,))
+@hypothesis.given(data=st.data())
+def test_native_rms_norm_matches_the_reference_on_generated_inputs(data):
+    shape = data.draw(st.sampled_from(NORM_PROPERTY_SHAPES))
+    dtype = data.draw(st.sampled_from(sorted(_property.DTYPES)))
+    fused = data.draw(st.booleans())
+    x = data.draw(_property.values(dtype, shape))
+    gamma = data.draw(_property.values(dtype, shape[-1:], special=False))
+    residual = data.draw(_property.values(dtype, shape)) if fused else None
+    results = {}
+    for impl in ("native", "xla"):
+        results[impl] = _jitted_norm(impl, fused)(x, gamma, residual)
+    for got, want in zip(jax.tree.leaves(results["native"]), jax.tree.leaves(results["xla"])):
+        _assert_same_specials_and_close(got, want, _property.DTYPES[dtype])
+
+
+@functools.cache
+def _jitted_norm(impl, fused):
+    def run(x, gamma, residual):
+        with jax_aiter.use_backend(impl):
+            return rms_norm_with_add(x, residual, gamma) if fused else rms_norm(x, gamma)
+    return jax.jit(run)
+
+
+def _norm_call(target, rows, cols, dtype, blocks):
+    """A well-formed call of ``target`` as {"target", "inputs", "outputs", "attrs"} (shapes and dtype names)."""
+    full, row, vec = [[rows, cols], dtype], [[rows], "float32"], [[cols], dtype]
+    if target == "ja_rms_norm_fwd":
+        return {"target": target, "inputs": [full, vec], "outputs": [full, row], "attrs": {"epsilon": 1e-6}}
+    if target == "ja_add_rms_norm_fwd":
+        return {"target": target, "inputs": [full, full, vec], "outputs": [full, full, row], "attrs": {"epsilon": 1e-6}}
+    return {"target": target, "inputs": [full, full, vec, row, full],
+            "outputs": [full, vec, [[blocks, cols], "float32"]], "attrs": {}}
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_native.load("cpu").problem is not None, reason="no CPU library built")
+@hypothesis.settings(max_examples=8, deadline=None, phases=(hypothesis.Phase.generate,))
+@hypothesis.given(data=st.data())
+def test_malformed_rms_norm_calls_raise_and_never_crash(data):
+    """Each case is a well-formed call of one of the three targets with one operand or result made wrong (its
+    dtype, or one dimension grown by one); 25 of them run in a child process, which must not crash."""
+    cases = []
+    for _ in range(25):
+        target = data.draw(st.sampled_from(["ja_rms_norm_fwd", "ja_add_rms_norm_fwd", "ja_rms_norm_bwd"]))
+        rows, cols = data.draw(st.integers(2, 9)), data.draw(st.integers(2, 70))
+        dtype = data.draw(st.sampled_from(["float32", "bfloat16", "float16"]))
+        case = _norm_call(target, rows, cols, dtype, data.draw(st.integers(1, rows)))
+        slots = [("inputs", i) for i in range(len(case["inputs"]))] + [("outputs", i) for i in range(len(case["outputs"]))]
+        side, index = data.draw(st.sampled_from(slots))
+        shape, slot_dtype = case[side][index]
+        if data.draw(st.booleans()):
+            case[side][index] = [shape, data.draw(st.sampled_from(
+                [d for d in ("int32", "uint8", "float32", "bfloat16", "float16") if d != slot_dtype]))]
+        else:
+            grown = list(shape)
+            axis = data.draw(st.integers(0, len(grown) - 1))
+            # The workspace may have any 1..rows blocks: only more than rows is wrong there.
+            grown[axis] = rows + 1 if (target, side, index, axis) == ("ja_rms_norm_bwd", "outputs", 2, 0) \
+                else grown[axis] + 1
+            case[side][index] = [grown, slot_dtype]
+        cases.append(case)
+    _property.malformed_calls_survive(cases)
