@@ -1,6 +1,8 @@
 """``rms_norm`` and ``rms_norm_with_add`` as this project's kernels (csrc/cpu/rmsnorm.cc, csrc/gpu/rmsnorm.cu;
 contract csrc/include/jax_aiter/rmsnorm.h): forward and backward, float32 math. The forward saves ``1/rms`` per
-row for the backward.
+row for the backward, under the checkpoint name ``rms_norm_inv_rms`` (and ``rms_norm_with_add`` its sum
+``x + residual`` under ``rms_norm_sum``), so a ``jax.checkpoint`` policy that saves them keeps the forward kernel
+out of the recomputed backward pass.
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 # The GPU backward sums dgamma per thread block into a [blocks, cols] float32 workspace, then across blocks:
 # at most this many blocks (one resident wave on an H200 or MI300), so the workspace stays a few percent of the
 # traffic. XLA allocates it as a third output; the CPU kernel does not use it.
 DGAMMA_MAX_BLOCKS = 512
+
+# Checkpoint names of the residuals (jax.checkpoint_policies.save_only_these_names).
+INV_RMS_NAME = "rms_norm_inv_rms"
+SUM_NAME = "rms_norm_sum"
 
 
 def _forward_call(x, gamma, epsilon):
@@ -45,7 +52,7 @@ def _rms_norm(x, gamma, epsilon):
 
 def _rms_norm_fwd(x, gamma, epsilon):
     y, inv_rms = _forward_call(x, gamma, epsilon)
-    return y, (x, gamma, inv_rms)
+    return y, (x, gamma, checkpoint_name(inv_rms, INV_RMS_NAME))
 
 
 def _rms_norm_bwd(epsilon, residuals, dy):
@@ -64,7 +71,7 @@ def _rms_norm_with_add(x, residual, gamma, epsilon):
 
 def _rms_norm_with_add_fwd(x, residual, gamma, epsilon):
     y, total, inv_rms = _add_forward_call(x, residual, gamma, epsilon)
-    return (y, total), (total, gamma, inv_rms)
+    return (y, total), (checkpoint_name(total, SUM_NAME), gamma, checkpoint_name(inv_rms, INV_RMS_NAME))
 
 
 def _rms_norm_with_add_bwd(epsilon, residuals, cotangents):
