@@ -202,6 +202,50 @@ def test_workspace_under_jit_quantizes_every_step():
     assert len(ws) == 0  # no tracer is kept
 
 
+def test_workspace_without_a_name_is_keyed_by_the_weight_object():
+    rng = np.random.default_rng(11)
+    quantizer = MXFP4Quantizer.for_weight()
+    w1 = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    w2 = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    ws = WeightWorkspace()
+    first = ws.get_or_quantize(w1, quantizer)
+    assert ws.get_or_quantize(w1, quantizer) is first
+    second = ws.get_or_quantize(w2, quantizer)  # another array has its own entry, w1's stays
+    assert second is not first and ws.get_or_quantize(w1, quantizer) is first
+    np.testing.assert_array_equal(second.rowwise.data, quantizer.quantize(w2).rowwise.data)
+    assert len(ws) == 2 and ws.keys() == [] and w1 in ws and w2 in ws
+    assert jnp.array(w1) not in ws  # equal values, another object
+    # A collected weight's entry goes with it.
+    del w2, second
+    gc.collect()
+    assert len(ws) == 1
+
+
+def test_workspace_names_evict_force_update_and_membership():
+    rng = np.random.default_rng(12)
+    quantizer = MXFP4Quantizer.for_weight()
+    w = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    ws = WeightWorkspace()
+    named = ws.get_or_quantize(w, quantizer, cache_name="mlp/up")
+    assert "mlp/up" in ws and "mlp/down" not in ws and w in ws and ws.keys() == ["mlp/up"]
+    # force_update quantizes anew (equal bytes, a new object) and the new copies are what is served next.
+    forced = ws.get_or_quantize(w, quantizer, cache_name="mlp/up", force_update=True)
+    assert forced is not named and ws.get_or_quantize(w, quantizer, cache_name="mlp/up") is forced
+    np.testing.assert_array_equal(forced.columnwise.data, named.columnwise.data)
+    unnamed = ws.get_or_quantize(w, quantizer)
+    assert len(ws) == 2 and unnamed is not forced
+    assert ws.evict("mlp/up") and "mlp/up" not in ws and not ws.evict("mlp/up")
+    assert ws.get_or_quantize(w, quantizer, cache_name="mlp/up") is not forced  # requantized after eviction
+    assert ws.evict(w) and len(ws) == 0 and w not in ws  # an array evicts every entry made from it
+    with pytest.raises(TypeError, match="^cache_name"):
+        ws.get_or_quantize(w, quantizer, cache_name=3)
+    with pytest.raises(TypeError, match="^force_update"):
+        ws.get_or_quantize(w, quantizer, force_update=1)
+    with pytest.raises(TypeError, match="^key"):
+        ws.evict(3)
+    assert None not in ws and 3 not in ws
+
+
 # --- gemm_fp4_bf16 ----------------------------------------------------------------------------------------
 
 
