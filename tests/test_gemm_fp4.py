@@ -12,8 +12,8 @@ import pytest
 import mxfp4_oracle as oracle
 import jax_aiter
 from jax_aiter import _native
-from jax_aiter.gemm_fp4 import (CHECKPOINT_NAMES, MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor, WeightWorkspace, cast_mxfp4,
-                                gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
+from jax_aiter.gemm_fp4 import (CHECKPOINT_NAMES, MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor,
+                                WeightWorkspace, cast_mxfp4, gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
 from jax_aiter.gemm_fp4._linear import role_sr_key
 
 M, N, K = 40, 64, 128  # M is not a multiple of 32, 64 or 256: every padding path runs

@@ -36,7 +36,8 @@ class Result:
 def run(cfg: tiny_llama.Config, recipes: list[str], on_step=None) -> list[Result]:
     results = [Result("bf16", tiny_llama.train(cfg, None, on_step and functools.partial(on_step, "bf16")))]
     for name in recipes:
-        results.append(Result(name, tiny_llama.train(cfg, RECIPES[name](), on_step and functools.partial(on_step, name))))
+        losses = tiny_llama.train(cfg, RECIPES[name](), on_step and functools.partial(on_step, name))
+        results.append(Result(name, losses))
     return results
 
 
