@@ -59,8 +59,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
         return 1
     cfg = tiny_llama.Config(steps=args.steps, seed=args.seed)
     print(jax_aiter.info())
+    built = ("Flax NNX layers (jax_aiter.flax)" if tiny_llama.HAS_FLAX
+             else "functional ops (Flax is not installed: pip install 'jax-aiter[flax]' for the layers)")
     print(f"\nTraining a {cfg.layers}-layer Llama-style decoder (dim {cfg.dim}, {cfg.heads} query / {cfg.kv_heads} "
-          f"KV heads) on arithmetic sequences, vocab {cfg.vocab}, {cfg.steps} steps of batch {cfg.batch}.")
+          f"KV heads) on arithmetic sequences, vocab {cfg.vocab}, {cfg.steps} steps of batch {cfg.batch}; "
+          f"model built from {built}.")
     losses = tiny_llama.train(cfg, on_step=_progress(cfg.steps))
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     print(f"loss: first steps {first:.3f} (chance {math.log(cfg.vocab):.3f}) -> last steps {last:.3f}")

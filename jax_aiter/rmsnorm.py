@@ -4,6 +4,13 @@
 ``rms_norm_with_add(x, residual, gamma)``: ``s = x + residual`` rounded once to x's dtype, returns
 ``(rms_norm(s, gamma), s)`` — the pre-norm transformer block's residual stream and its normalized copy.
 
+Rematerialization: the native implementation's residuals carry checkpoint names (:data:`CHECKPOINT_NAMES`):
+``"rms_norm_inv_rms"`` (``1/rms`` per row, 4 bytes a row) and ``"rms_norm_sum"`` (``rms_norm_with_add``'s sum).
+``jax.checkpoint(f, policy=jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES))`` then keeps the
+forward kernel out of the recomputed backward pass, as long as the norm's output itself is not needed there. The
+``aiter`` implementation saves its inputs, and the ``xla`` reference's residuals are JAX autodiff's own (unnamed);
+docs/mxfp4.md, "Rematerialization".
+
 Implementations, declared at the end of this module: ``aiter`` (ROCm, AITER's forward kernels),
 ``native`` (this project's kernels, forward and backward, when gamma has x's dtype) and ``xla``
 (``jax_aiter.ref.rmsnorm``, differentiated by JAX).
@@ -22,7 +29,11 @@ from jax_aiter.aiter import rmsnorm as aiter_impl
 from jax_aiter.native import rmsnorm as native_impl
 from jax_aiter.ref import rmsnorm as ref
 
-__all__ = ["rms_norm", "rms_norm_with_add"]
+__all__ = ["CHECKPOINT_NAMES", "INV_RMS_NAME", "SUM_NAME", "rms_norm", "rms_norm_with_add"]
+
+INV_RMS_NAME = native_impl.INV_RMS_NAME
+SUM_NAME = native_impl.SUM_NAME
+CHECKPOINT_NAMES = (INV_RMS_NAME, SUM_NAME)
 
 
 def rms_norm(x: jax.Array, gamma: jax.Array, epsilon: float = 1e-6) -> jax.Array:

@@ -77,6 +77,37 @@ def test_bad_input(x, error, match):
         silu_and_mul(x)
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+def test_two_argument_form_equals_the_fused_layout(impl, dtype):
+    """silu_and_mul(gate, up) is silu_and_mul([gate | up]), forward and gradients (split back per input)."""
+    k1, k2, k3 = jax.random.split(jax.random.key(5), 3)
+    gate = (2 * jax.random.normal(k1, (3, 4, 24), jnp.float32)).astype(dtype)
+    up = jax.random.normal(k2, (3, 4, 24), jnp.float32).astype(dtype)
+    dout = jax.random.normal(k3, (3, 4, 24), jnp.float32).astype(dtype)
+    with jax_aiter.use_backend(silu_and_mul=impl):
+        out, vjp = jax.vjp(silu_and_mul, gate, up)
+        d_gate, d_up = vjp(dout)
+        fused_out, fused_vjp = jax.vjp(silu_and_mul, jnp.concatenate([gate, up], axis=-1))
+        (d_fused,) = fused_vjp(dout)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(fused_out))
+    np.testing.assert_array_equal(np.asarray(d_gate), np.asarray(d_fused[..., :24]))
+    np.testing.assert_array_equal(np.asarray(d_up), np.asarray(d_fused[..., 24:]))
+    _oracle.assert_close(out, np.asarray(jax.nn.silu(gate.astype(jnp.float32)) * up.astype(jnp.float32)), dtype,
+                         factor=2)
+
+
+@pytest.mark.parametrize("gate, up, error, match", [
+    (jnp.ones((2, 4)), jnp.ones((2, 5)), ValueError, "^up must have gate's shape"),
+    (jnp.ones((2, 4)), jnp.ones((2, 4), jnp.bfloat16), TypeError, "^up must have the dtype of gate"),
+    (jnp.ones((2, 4), jnp.int32), jnp.ones((2, 4), jnp.int32), TypeError, "^gate must have dtype"),
+    (jnp.ones(()), jnp.ones(()), ValueError, "^gate must have rank >= 1"),
+    (jnp.ones((2, 4)), [1.0], TypeError, "^up must be an array"),
+])
+def test_two_argument_form_bad_input(gate, up, error, match):
+    with pytest.raises(error, match=match):
+        silu_and_mul(gate, up)
+
+
 # --- the native kernels (csrc/cpu/activation.cc, csrc/gpu/activation.cu) against the reference: ~1 ulp ---------
 # On the CPU and, marked gpu, on a GPU.
 

@@ -10,8 +10,10 @@ import numpy as np
 import pytest
 
 import mxfp4_oracle as oracle
-from jax_aiter.gemm_fp4 import (MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor, WeightWorkspace, cast_mxfp4,
-                                gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
+import jax_aiter
+from jax_aiter import _native
+from jax_aiter.gemm_fp4 import (CHECKPOINT_NAMES, MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor,
+                                WeightWorkspace, cast_mxfp4, gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
 from jax_aiter.gemm_fp4._linear import role_sr_key
 
 M, N, K = 40, 64, 128  # M is not a multiple of 32, 64 or 256: every padding path runs
@@ -200,6 +202,50 @@ def test_workspace_under_jit_quantizes_every_step():
     assert len(ws) == 0  # no tracer is kept
 
 
+def test_workspace_without_a_name_is_keyed_by_the_weight_object():
+    rng = np.random.default_rng(11)
+    quantizer = MXFP4Quantizer.for_weight()
+    w1 = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    w2 = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    ws = WeightWorkspace()
+    first = ws.get_or_quantize(w1, quantizer)
+    assert ws.get_or_quantize(w1, quantizer) is first
+    second = ws.get_or_quantize(w2, quantizer)  # another array has its own entry, w1's stays
+    assert second is not first and ws.get_or_quantize(w1, quantizer) is first
+    np.testing.assert_array_equal(second.rowwise.data, quantizer.quantize(w2).rowwise.data)
+    assert len(ws) == 2 and ws.keys() == [] and w1 in ws and w2 in ws
+    assert jnp.array(w1) not in ws  # equal values, another object
+    # A collected weight's entry goes with it.
+    del w2, second
+    gc.collect()
+    assert len(ws) == 1
+
+
+def test_workspace_names_evict_force_update_and_membership():
+    rng = np.random.default_rng(12)
+    quantizer = MXFP4Quantizer.for_weight()
+    w = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    ws = WeightWorkspace()
+    named = ws.get_or_quantize(w, quantizer, cache_name="mlp/up")
+    assert "mlp/up" in ws and "mlp/down" not in ws and w in ws and ws.keys() == ["mlp/up"]
+    # force_update quantizes anew (equal bytes, a new object) and the new copies are what is served next.
+    forced = ws.get_or_quantize(w, quantizer, cache_name="mlp/up", force_update=True)
+    assert forced is not named and ws.get_or_quantize(w, quantizer, cache_name="mlp/up") is forced
+    np.testing.assert_array_equal(forced.columnwise.data, named.columnwise.data)
+    unnamed = ws.get_or_quantize(w, quantizer)
+    assert len(ws) == 2 and unnamed is not forced
+    assert ws.evict("mlp/up") and "mlp/up" not in ws and not ws.evict("mlp/up")
+    assert ws.get_or_quantize(w, quantizer, cache_name="mlp/up") is not forced  # requantized after eviction
+    assert ws.evict(w) and len(ws) == 0 and w not in ws  # an array evicts every entry made from it
+    with pytest.raises(TypeError, match="^cache_name"):
+        ws.get_or_quantize(w, quantizer, cache_name=3)
+    with pytest.raises(TypeError, match="^force_update"):
+        ws.get_or_quantize(w, quantizer, force_update=1)
+    with pytest.raises(TypeError, match="^key"):
+        ws.evict(3)
+    assert None not in ws and 3 not in ws
+
+
 # --- gemm_fp4_bf16 ----------------------------------------------------------------------------------------
 
 
@@ -303,3 +349,62 @@ def test_gemm_fp4_bf16_bad_arguments_are_named(call, error, name):
     a, b = jnp.ones((M, K), jnp.bfloat16), jnp.ones((N, K), jnp.bfloat16)
     with pytest.raises(error, match=rf"^{name}\b"):
         call(a, b)
+
+
+# --- rematerialization ------------------------------------------------------------------------------------
+
+
+def _cast_calls_in_jaxpr(jaxpr) -> int:
+    """Cast ops (the reference's jitted casts) the program runs, counting each nested jaxpr per use."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        if str(eqn.params.get("name", "")).startswith("cast_mxfp4"):
+            count += 1
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                count += _cast_calls_in_jaxpr(inner)
+    return count
+
+
+def _remat_variants():
+    """value_and_grad of a loss through gemm_fp4_bf16: without remat, under plain jax.checkpoint (everything
+    recomputed) and under a policy that saves the FP4 copies by name."""
+    def loss(a, b):
+        return jnp.sum(gemm_fp4_bf16(jnp.sin(a), b).astype(jnp.float32))
+
+    policy = jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES)
+    return {name: jax.value_and_grad(fn, argnums=(0, 1)) for name, fn in (
+        ("plain", loss), ("remat", jax.checkpoint(loss)), ("saved", jax.checkpoint(loss, policy=policy)))}
+
+
+def test_checkpoint_names_keep_the_casts_out_of_the_recomputed_backward():
+    """Forward: dual casts of x and W; backward: one dual cast of g. Plain remat re-runs the two forward casts
+    for the residuals; saving the named copies does not, and no value changes."""
+    assert CHECKPOINT_NAMES == ("mxfp4_activation", "mxfp4_weight")
+    rng = np.random.default_rng(10)
+    a = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    b = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    counts, values = {}, {}
+    with jax_aiter.use_backend("xla"):
+        for name, fn in _remat_variants().items():
+            counts[name] = _cast_calls_in_jaxpr(jax.make_jaxpr(fn)(a, b).jaxpr)
+            values[name] = jax.jit(fn)(a, b)
+    assert counts == {"plain": 3, "remat": 5, "saved": 3}
+    for name in ("remat", "saved"):
+        for got, want in zip(jax.tree.leaves(values[name]), jax.tree.leaves(values["plain"])):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_checkpoint_names_with_native_casts_in_the_compiled_program():
+    """The same count on what XLA compiles: ja_cast_mxfp4 custom calls with the native casts forced."""
+    if _native.load("cpu").problem:
+        pytest.skip(_native.load("cpu").problem)
+    a = jnp.ones((M, K), jnp.bfloat16)
+    b = jnp.ones((N, K), jnp.bfloat16)
+    counts = {}
+    with jax_aiter.use_backend(cast_mxfp4="native", cast_mxfp4_dual="native"):
+        for name, fn in _remat_variants().items():
+            hlo = jax.jit(fn).lower(a, b).compile().as_text()
+            counts[name] = hlo.count('custom_call_target="ja_cast_mxfp4"')
+    assert counts == {"plain": 3, "remat": 5, "saved": 3}

@@ -123,6 +123,42 @@ def test_native_lowers_to_custom_call():
         assert "ja_rms_norm_fwd" not in jax.jit(rms_norm).trace(x, gamma).lower(lowering_platforms=("cpu",)).as_text()
 
 
+def _kernel_calls(fn, *args, target):
+    """How many custom calls to ``target`` the compiled (optimized) program makes."""
+    return jax.jit(fn).lower(*args).compile().as_text().count(f'custom_call_target="{target}"')
+
+
+@pytest.mark.parametrize("with_add", [False, True], ids=["rms_norm", "rms_norm_with_add"])
+def test_native_residuals_are_named_for_remat(with_add):
+    """Under jax.checkpoint the backward pass re-runs the forward kernel for its residuals; a policy that saves
+    the named residuals keeps it out (the norm's output is not needed by the backward here)."""
+    from jax_aiter.rmsnorm import CHECKPOINT_NAMES
+
+    if _native.load("cpu").problem:
+        pytest.skip(_native.load("cpu").problem)
+    x, gamma, residual, _ = _inputs((64, 128), jnp.bfloat16)
+    weights = jnp.arange(128, dtype=jnp.float32)
+
+    def loss(x, residual, gamma):
+        x = jnp.sin(x)  # the norm's input is recomputed, not saved
+        if with_add:
+            y, total = rms_norm_with_add(x, residual, gamma)
+            return jnp.sum(y.astype(jnp.float32) * weights) + jnp.sum(total.astype(jnp.float32))
+        return jnp.sum(rms_norm(x, gamma).astype(jnp.float32) * weights)
+
+    target = "ja_add_rms_norm_fwd" if with_add else "ja_rms_norm_fwd"
+    saved = jax.checkpoint(loss, policy=jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES))
+    results = {}
+    with jax_aiter.use_backend("native"):
+        for name, fn in (("plain", loss), ("remat", jax.checkpoint(loss)), ("saved", saved)):
+            step = jax.value_and_grad(fn, argnums=(0, 1, 2))
+            results[name] = (_kernel_calls(step, x, residual, gamma, target=target), jax.jit(step)(x, residual, gamma))
+    assert {name: calls for name, (calls, _) in results.items()} == {"plain": 1, "remat": 2, "saved": 1}
+    for name in ("remat", "saved"):  # the names change what is kept, never a value
+        for got, want in zip(jax.tree.leaves(results[name][1]), jax.tree.leaves(results["plain"][1])):
+            np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
 @pytest.mark.parametrize("call, error, match", [
     (lambda: rms_norm(jnp.ones((2, 8), jnp.int32), jnp.ones(8)), TypeError, "x must have dtype"),
     (lambda: rms_norm(jnp.ones((2, 8)), jnp.ones(7)), ValueError, "gamma must have x's last dimension"),

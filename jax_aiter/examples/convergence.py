@@ -14,8 +14,7 @@ import json
 from pathlib import Path
 
 from jax_aiter.examples import tiny_llama
-from jax_aiter.gemm import gemm
-from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
+from jax_aiter.gemm_fp4 import Mxfp4Recipe
 
 RECIPES = {"mxfp4-default": Mxfp4Recipe.default, "mxfp4-gradient-hadamard": Mxfp4Recipe.gradient_hadamard}
 
@@ -35,10 +34,10 @@ class Result:
 
 
 def run(cfg: tiny_llama.Config, recipes: list[str], on_step=None) -> list[Result]:
-    results = [Result("bf16", tiny_llama.train(cfg, gemm, on_step and functools.partial(on_step, "bf16")))]
+    results = [Result("bf16", tiny_llama.train(cfg, None, on_step and functools.partial(on_step, "bf16")))]
     for name in recipes:
-        linear = functools.partial(gemm_fp4_bf16, recipe=RECIPES[name]())
-        results.append(Result(name, tiny_llama.train(cfg, linear, on_step and functools.partial(on_step, name))))
+        losses = tiny_llama.train(cfg, RECIPES[name](), on_step and functools.partial(on_step, name))
+        results.append(Result(name, losses))
     return results
 
 

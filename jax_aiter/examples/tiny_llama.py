@@ -1,9 +1,17 @@
-"""A tiny Llama-style decoder built only from jax_aiter ops, and a synthetic task it can learn in seconds.
+"""A tiny Llama-style decoder built from jax_aiter's layers, and a synthetic task it can learn in seconds.
 
 Model: token embedding -> N x [RMSNorm -> GQA causal attention -> residual add + RMSNorm -> SwiGLU MLP] ->
-RMSNorm -> LM head. Every projection goes through one ``linear(x, w)`` function (``jax_aiter.gemm.gemm`` by
-default; the MXFP4 convergence harness passes ``gemm_fp4_bf16`` with a recipe), the norms are
-``rms_norm`` / ``rms_norm_with_add``, the MLP gate is ``silu_and_mul`` and attention is ``flash_attn_func``.
+RMSNorm -> LM head. Two definitions of the same model, which compute the same function from the same weights
+(tests/test_flax.py checks it bit for bit):
+
+* ``TinyLlama``, a Flax NNX module built from ``jax_aiter.flax`` (``RMSNorm``, ``Attention``, ``SwiGLU``,
+  ``Linear`` / ``Mxfp4Linear``); defined when Flax is installed (the extra ``jax-aiter[flax]``), and what
+  :func:`train` uses then;
+* :func:`forward`, the same model as plain functions on a parameter dict, with every projection through one
+  ``linear(x, w)`` (``jax_aiter.gemm.gemm`` by default, ``gemm_fp4_bf16`` with a recipe for MXFP4): the demo runs
+  on it without Flax.
+
+Both start from :func:`init_params`, so a run trains the same weights whichever definition it uses.
 
 Task ("arithmetic sequences"): each sequence is ``t_i = (start + i * stride) mod vocab`` with a random start and
 stride per sequence. The first token carries no information about the stride, later tokens are predictable
@@ -15,14 +23,26 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jax_aiter.activation import silu_and_mul
 from jax_aiter.gemm import gemm
-from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add
+from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
+from jax_aiter.rmsnorm import rms_norm_with_add
 
+try:
+    from flax import nnx
+
+    from jax_aiter import flax as layers
+except ModuleNotFoundError as err:  # without Flax the functional definition still runs
+    if not (err.name or "").startswith("flax"):
+        raise
+    nnx = None
+
+HAS_FLAX = nnx is not None
 Linear = Callable[[jax.Array, jax.Array], jax.Array]
 
 
@@ -51,15 +71,16 @@ def init_params(cfg: Config, key: jax.Array) -> dict:
 
     keys = iter(jax.random.split(key, 2 + 5 * cfg.layers))
     kv_dim = cfg.kv_heads * cfg.head_dim
-    layers = []
+    blocks = []
     for _ in range(cfg.layers):
-        layers.append({
-            "attn_norm": jnp.ones(cfg.dim), "mlp_norm": jnp.ones(cfg.dim),
-            "wq": dense(next(keys), cfg.dim, cfg.dim), "wkv": dense(next(keys), 2 * kv_dim, cfg.dim),
+        wq = dense(next(keys), cfg.dim, cfg.dim)
+        wk, wv = jnp.split(dense(next(keys), 2 * kv_dim, cfg.dim), 2)  # one draw for both, as k|v stacked
+        blocks.append({
+            "attn_norm": jnp.ones(cfg.dim), "mlp_norm": jnp.ones(cfg.dim), "wq": wq, "wk": wk, "wv": wv,
             "wo": dense(next(keys), cfg.dim, cfg.dim),
             "w_gate_up": dense(next(keys), 2 * cfg.mlp_dim, cfg.dim), "w_down": dense(next(keys), cfg.dim, cfg.mlp_dim),
         })
-    return {"embed": 0.5 * jax.random.normal(next(keys), (cfg.vocab, cfg.dim)), "layers": layers,
+    return {"embed": 0.5 * jax.random.normal(next(keys), (cfg.vocab, cfg.dim)), "layers": blocks,
             "final_norm": jnp.ones(cfg.dim), "head": dense(next(keys), cfg.vocab, cfg.dim)}
 
 
@@ -81,13 +102,11 @@ def forward(params: dict, tokens: jax.Array, cfg: Config, linear: Linear = gemm)
     cast = functools.partial(jnp.asarray, dtype=dtype)
     h = cast(params["embed"][tokens])
     residual = jnp.zeros_like(h)
-    kv_dim = cfg.kv_heads * cfg.head_dim
     for layer in params["layers"]:
         x, residual = rms_norm_with_add(h, residual, cast(layer["attn_norm"]))
         q = linear(x, cast(layer["wq"])).reshape(batch, seq, cfg.heads, cfg.head_dim)
-        kv = linear(x, cast(layer["wkv"]))
-        k = kv[..., :kv_dim].reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
-        v = kv[..., kv_dim:].reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
+        k = linear(x, cast(layer["wk"])).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
+        v = linear(x, cast(layer["wv"])).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
         attn = flash_attn_func(_rope(q), _rope(k), v, causal=True)
         h = linear(attn.reshape(batch, seq, cfg.dim), cast(layer["wo"]))
         x, residual = rms_norm_with_add(h, residual, cast(layer["mlp_norm"]))
@@ -103,8 +122,8 @@ def make_batch(cfg: Config, key: jax.Array) -> jax.Array:
     return (start + stride * jnp.arange(cfg.seq_len)[None, :]) % cfg.vocab
 
 
-def loss_fn(params: dict, tokens: jax.Array, cfg: Config, linear: Linear = gemm) -> jax.Array:
-    logits = forward(params, tokens[:, :-1], cfg, linear)
+def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Mean cross-entropy of ``logits`` (for ``tokens[:, :-1]``) against ``tokens[:, 1:]``."""
     labels = tokens[:, 1:]
     logp = jax.nn.log_softmax(logits, axis=-1)
     nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
@@ -112,7 +131,11 @@ def loss_fn(params: dict, tokens: jax.Array, cfg: Config, linear: Linear = gemm)
     return jnp.mean(nll[:, 1:])
 
 
-def adam_init(params: dict) -> dict:
+def loss_fn(params: dict, tokens: jax.Array, cfg: Config, linear: Linear = gemm) -> jax.Array:
+    return next_token_loss(forward(params, tokens[:, :-1], cfg, linear), tokens)
+
+
+def adam_init(params: Any) -> dict:
     zeros = jax.tree.map(jnp.zeros_like, params)
     return {"m": zeros, "v": zeros, "t": jnp.zeros((), jnp.int32)}
 
@@ -138,15 +161,109 @@ def make_train_step(cfg: Config, linear: Linear = gemm):
     return step
 
 
-def train(cfg: Config, linear: Linear = gemm, on_step: Callable[[int, float], None] | None = None) -> list[float]:
-    """Train from ``cfg.seed`` and return the loss of every step (same data order for every ``linear``)."""
+if HAS_FLAX:
+
+    class Block(nnx.Module):
+        """Pre-norm decoder block; the residual stream is added by the next norm (``rms_norm_with_add``)."""
+
+        def __init__(self, cfg: Config, *, recipe: Mxfp4Recipe | None, weight_sharding, rngs: nnx.Rngs):
+            options = dict(recipe=recipe, weight_sharding=weight_sharding, rngs=rngs)
+            self.attn_norm = layers.RMSNorm(cfg.dim, rngs=rngs)
+            self.attention = layers.Attention(cfg.dim, cfg.heads, cfg.kv_heads, causal=True, rope=_rope, **options)
+            self.mlp_norm = layers.RMSNorm(cfg.dim, rngs=rngs)
+            self.mlp = layers.SwiGLU(cfg.dim, cfg.mlp_dim, **options)
+
+        def __call__(self, h: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
+            x, residual = self.attn_norm(h, residual)
+            x, residual = self.mlp_norm(self.attention(x), residual)
+            return self.mlp(x), residual
+
+    class TinyLlama(nnx.Module):
+        """The demo model from ``jax_aiter.flax`` layers: BF16 GEMMs, or MXFP4 for every projection with a
+        ``recipe``. ``weight_sharding`` annotates every projection weight ``[out, in]`` (e.g. ``("fsdp", None)``)."""
+
+        def __init__(self, cfg: Config, *, recipe: Mxfp4Recipe | None = None, weight_sharding=None,
+                     rngs: nnx.Rngs):
+            self.cfg = cfg
+            self.embed = nnx.Param(0.5 * jax.random.normal(rngs.params(), (cfg.vocab, cfg.dim)))
+            self.blocks = nnx.List([Block(cfg, recipe=recipe, weight_sharding=weight_sharding, rngs=rngs)
+                                    for _ in range(cfg.layers)])
+            self.final_norm = layers.RMSNorm(cfg.dim, rngs=rngs)
+            projection = layers.Linear if recipe is None else functools.partial(layers.Mxfp4Linear, recipe=recipe)
+            self.head = projection(cfg.dim, cfg.vocab, weight_sharding=weight_sharding, rngs=rngs)
+
+        def __call__(self, tokens: jax.Array) -> jax.Array:
+            h = self.embed[...][tokens].astype(jnp.bfloat16)
+            residual = jnp.zeros_like(h)
+            for block in self.blocks:
+                h, residual = block(h, residual)
+            x, _ = self.final_norm(h, residual)
+            return self.head(x).astype(jnp.float32)
+
+        def load(self, params: dict) -> TinyLlama:
+            """Set every weight from an :func:`init_params` dict (same values in both definitions)."""
+            self.embed[...] = params["embed"]
+            self.final_norm.scale[...] = params["final_norm"]
+            self.head.weight[...] = params["head"]
+            for block, p in zip(self.blocks, params["layers"], strict=True):
+                block.attn_norm.scale[...] = p["attn_norm"]
+                block.mlp_norm.scale[...] = p["mlp_norm"]
+                for proj, name in (("q_proj", "wq"), ("k_proj", "wk"), ("v_proj", "wv"), ("o_proj", "wo")):
+                    getattr(block.attention, proj).weight[...] = p[name]
+                block.mlp.gate_up.weight[...] = p["w_gate_up"]
+                block.mlp.down.weight[...] = p["w_down"]
+            return self
+
+    def make_flax_train_step(cfg: Config, graphdef):
+        """One jitted step on the split model (``nnx.split(model, nnx.Param, ...)``): the parameters are
+        differentiated, the rest (e.g. the MXFP4 stochastic-rounding stream's counter) is carried along."""
+
+        @jax.jit
+        def step(params, rest, opt_state, key):
+            tokens = make_batch(cfg, key)
+
+            def loss(params):
+                model = nnx.merge(graphdef, params, rest)
+                value = next_token_loss(model(tokens[:, :-1]), tokens)
+                return value, nnx.state(model, nnx.Not(nnx.Param))
+
+            (value, rest_out), grads = jax.value_and_grad(loss, has_aux=True)(params)
+            params, opt_state = adam_update(params, grads, opt_state, cfg.learning_rate)
+            return params, rest_out, opt_state, value
+
+        return step
+
+
+def train(cfg: Config, recipe: Mxfp4Recipe | None = None, on_step: Callable[[int, float], None] | None = None, *,
+          use_flax: bool | None = None) -> list[float]:
+    """Train from ``cfg.seed`` and return the loss of every step (same weights and data order for every recipe).
+
+    BF16 GEMMs without ``recipe``, MXFP4 ones with it. ``use_flax``: the ``TinyLlama`` module (default when
+    Flax is installed) or the functional :func:`forward` (``False``, or Flax absent); both train alike.
+    """
+    use_flax = HAS_FLAX if use_flax is None else use_flax
+    if use_flax and not HAS_FLAX:
+        raise ModuleNotFoundError("use_flax=True needs Flax: pip install 'jax-aiter[flax]'", name="flax")
     key = jax.random.key(cfg.seed)
     params = init_params(cfg, key)
-    opt_state = adam_init(params)
-    step = make_train_step(cfg, linear)
+    if use_flax:
+        model = TinyLlama(cfg, recipe=recipe, rngs=nnx.Rngs(cfg.seed)).load(params)
+        graphdef, state, rest = nnx.split(model, nnx.Param, ...)
+        flax_step = make_flax_train_step(cfg, graphdef)
+        carry = (state, rest)  # rest: the non-parameter state (stochastic-rounding stream counters)
+
+        def step(carry, opt_state, key):
+            state, rest, opt_state, loss = flax_step(*carry, opt_state, key)
+            return (state, rest), opt_state, loss
+
+        opt_state = adam_init(state)
+    else:
+        linear = gemm if recipe is None else functools.partial(gemm_fp4_bf16, recipe=recipe)
+        carry, step = params, make_train_step(cfg, linear)
+        opt_state = adam_init(params)
     losses = []
     for i in range(cfg.steps):
-        params, opt_state, loss = step(params, opt_state, jax.random.fold_in(key, i))
+        carry, opt_state, loss = step(carry, opt_state, jax.random.fold_in(key, i))
         losses.append(float(loss))
         if on_step is not None:
             on_step(i, losses[-1])

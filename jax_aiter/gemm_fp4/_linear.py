@@ -5,6 +5,10 @@ for the backward pass, smaller than the bf16 tensors), g by a dual cast in the b
 differentiation only the rowwise copies of x and W are made. All GEMMs go through the public ``gemm_fp4`` and
 all casts through the public cast ops, so native kernels are picked up by backend dispatch.
 
+The residuals carry ``jax.ad_checkpoint.checkpoint_name``s (:data:`ACTIVATION_COPY_NAME`,
+:data:`WEIGHT_COPY_NAME`), so a ``jax.checkpoint`` policy can keep them instead of re-running the forward casts in
+the backward pass (docs/mxfp4.md, "Rematerialization").
+
 The forward and the backward pass are each one custom-partitioned op (``jax_aiter._partition``): under FSDP each
 device quantizes its own blocks at their global indices, gathers the weight's FP4 copies (never bf16, never
 shuffled) and reduces wgrad over the token axes (docs/mxfp4.md, "Sharding").
@@ -20,6 +24,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from jax_aiter import _checks
 from jax_aiter._partition import LinearOp
@@ -29,7 +34,13 @@ from jax_aiter.gemm_fp4._layout import shuffle_fp4, shuffle_scales
 from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
 from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer
 
-__all__ = ["gemm_fp4_bf16", "role_sr_key"]
+__all__ = ["ACTIVATION_COPY_NAME", "CHECKPOINT_NAMES", "WEIGHT_COPY_NAME", "gemm_fp4_bf16", "role_sr_key"]
+
+# Checkpoint names of the residuals, for jax.checkpoint policies (jax.checkpoint_policies.save_only_these_names):
+# x's columnwise FP4 copy (wgrad's B operand) and W's columnwise FP4 copy (dgrad's B operand), data and scales.
+ACTIVATION_COPY_NAME = "mxfp4_activation"
+WEIGHT_COPY_NAME = "mxfp4_weight"
+CHECKPOINT_NAMES = (ACTIVATION_COPY_NAME, WEIGHT_COPY_NAME)
 
 # Token rows are zero-padded to this multiple: wgrad contracts over them, and its shuffled B operand (x^T)
 # needs a contraction length that is a multiple of 64. Zero rows add nothing to any product.
@@ -134,7 +145,12 @@ def _gemm_fp4_bf16(a, b, key_words, recipe):
 
 
 def _fwd(a, b, key_words, recipe):
-    return _forward(a, b, key_words, recipe, keep_residuals=True)
+    y, (x_data, x_scales, w_data, w_scales, *rest) = _forward(a, b, key_words, recipe, keep_residuals=True)
+    # Identity in the program; marks the FP4 copies as saveable by name under jax.checkpoint. Both halves of a
+    # copy carry the name: a policy that kept only the data would still re-run the cast for the scales.
+    named = (checkpoint_name(x_data, ACTIVATION_COPY_NAME), checkpoint_name(x_scales, ACTIVATION_COPY_NAME),
+             checkpoint_name(w_data, WEIGHT_COPY_NAME), checkpoint_name(w_scales, WEIGHT_COPY_NAME))
+    return y, (*named, *rest)
 
 
 def _bwd(recipe, residuals, dy):

@@ -1,5 +1,5 @@
 """Object API: ``Mxfp4Tensor`` (one quantized copy, a pytree), ``MXFP4Quantizer`` (how to make the copies of one
-tensor role) and ``WeightWorkspace`` (a by-name cache of quantized weights)."""
+tensor role) and ``WeightWorkspace`` (a cache of quantized weights, by name or by weight object)."""
 
 from __future__ import annotations
 
@@ -191,41 +191,95 @@ class _Entry:
     copies: Mxfp4Copies
 
 
+@dataclasses.dataclass(frozen=True)
+class _Identity:
+    """The key of an entry made without a ``cache_name``: the weight object's id (checked against the entry's
+    weak reference, so a reused id never matches)."""
+
+    object_id: int
+
+
 class WeightWorkspace:
-    """Quantized weights cached by name.
+    """Quantized weights cached by name, or by the weight object itself.
 
     The rule: an entry is served only for the *same* concrete ``jax.Array`` object (held by weak reference)
     with an equal quantizer and equal stochastic-rounding key. JAX arrays are immutable, so the same object
     always holds the same values, and an optimizer step makes a new object, which requantizes. Traced weights
     (inside ``jit``, ``grad``, ...) and non-JAX arrays are quantized on every call and never stored: a trace
     cannot tell two steps' values apart, and XLA merges repeated quantizations of one weight inside a program.
+
+    Entries are keyed by ``cache_name`` when one is given, else by the weight object (one entry per array). An
+    entry is dropped when its weight is garbage-collected. ``name in ws`` / ``array in ws`` ask whether a live
+    entry exists for that name / that very array; :meth:`keys` lists the names; :meth:`evict` drops one entry and
+    :meth:`clear` all.
     """
 
     def __init__(self) -> None:
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str | _Identity, _Entry] = {}
 
     def __len__(self) -> int:
-        return len(self._entries)
+        return sum(1 for entry in self._entries.values() if entry.source() is not None)
+
+    def __contains__(self, key: Any) -> bool:
+        if isinstance(key, str):
+            entry = self._entries.get(key)
+            return entry is not None and entry.source() is not None
+        return isinstance(key, jax.Array) and any(entry.source() is key for entry in self._entries.values())
+
+    def keys(self) -> list[str]:
+        """The cache names of the live named entries (entries keyed by their weight object have none)."""
+        return [key for key, entry in self._entries.items() if isinstance(key, str) and entry.source() is not None]
+
+    def evict(self, key: str | jax.Array) -> bool:
+        """Drop the entry named ``key`` (a str), or every entry made from the array ``key``. Returns whether an
+        entry was dropped; evicting a missing name is not an error."""
+        if isinstance(key, str):
+            return self._entries.pop(key, None) is not None
+        if not isinstance(key, jax.Array):
+            raise TypeError(f"key must be a cache name (str) or a jax.Array, got {type(key).__name__}")
+        found = [name for name, entry in self._entries.items() if entry.source() is key]
+        for name in found:
+            del self._entries[name]
+        return bool(found)
 
     def clear(self) -> None:
         self._entries.clear()
 
-    def get_or_quantize(self, w: jax.Array, quantizer: MXFP4Quantizer, *, cache_name: str,
-                        sr_key: Any = None) -> Mxfp4Copies:
+    def get_or_quantize(self, w: jax.Array, quantizer: MXFP4Quantizer, *, cache_name: str | None = None,
+                        sr_key: Any = None, force_update: bool = False) -> Mxfp4Copies:
+        """``quantizer.quantize(w, sr_key=sr_key)``, served from the cache when the entry under ``cache_name``
+        (default: the entry of this array object) was made from this very array with an equal quantizer and SR
+        key. ``force_update=True`` quantizes anew and replaces the entry."""
         if not isinstance(quantizer, MXFP4Quantizer):
             raise TypeError(f"quantizer must be an MXFP4Quantizer, got {type(quantizer).__name__}")
-        if not isinstance(cache_name, str):
-            raise TypeError(f"cache_name must be a str, got {type(cache_name).__name__}")
+        if cache_name is not None and not isinstance(cache_name, str):
+            raise TypeError(f"cache_name must be a str or None, got {type(cache_name).__name__}")
+        if not isinstance(force_update, bool):
+            raise TypeError(f"force_update must be a bool, got {type(force_update).__name__}")
         if not _is_concrete(w) or (sr_key is not None and not isinstance(sr_key, int) and not _is_concrete(sr_key)):
             return quantizer.quantize(w, sr_key=sr_key)
         sr_words = None if sr_key is None else np.asarray(_quantize.key_words(sr_key, "sr_key"))
-        entry = self._entries.get(cache_name)
-        if (entry is not None and entry.source() is w and entry.quantizer == quantizer
+        key = _Identity(id(w)) if cache_name is None else cache_name
+        entry = self._entries.get(key)
+        if (not force_update and entry is not None and entry.source() is w and entry.quantizer == quantizer
                 and _same_words(entry.sr_words, sr_words)):
             return entry.copies
         copies = quantizer.quantize(w, sr_key=sr_key)
-        self._entries[cache_name] = _Entry(weakref.ref(w), quantizer, sr_words, copies)
+        self._entries[key] = _Entry(weakref.ref(w, _dropper(self, key)), quantizer, sr_words, copies)
         return copies
+
+
+def _dropper(workspace: WeightWorkspace, key: str | _Identity):
+    """A weak-reference callback that removes ``key``'s entry when its weight is collected (and the entry was
+    not replaced meanwhile). It holds the workspace weakly: a workspace never lives on through its weights."""
+    owner = weakref.ref(workspace)
+
+    def drop(source: weakref.ref) -> None:
+        ws = owner()
+        if ws is not None and (entry := ws._entries.get(key)) is not None and entry.source is source:
+            del ws._entries[key]
+
+    return drop
 
 
 def _is_concrete(value: Any) -> bool:

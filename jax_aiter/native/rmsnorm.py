@@ -1,6 +1,8 @@
 """``rms_norm`` and ``rms_norm_with_add`` as this project's kernels (csrc/cpu/rmsnorm.cc, csrc/gpu/rmsnorm.cu;
 contract csrc/include/jax_aiter/rmsnorm.h): forward and backward, float32 math. The forward saves ``1/rms`` per
-row for the backward.
+row for the backward, under the checkpoint name ``rms_norm_inv_rms`` (and ``rms_norm_with_add`` its sum
+``x + residual`` under ``rms_norm_sum``), so a ``jax.checkpoint`` policy that saves them keeps the forward kernel
+out of the recomputed backward pass.
 
 Differentiation is reverse mode, like every implementation of these ops: the first derivative runs the backward
 kernel, and each kernel call carries the reference's derivative, so gradients of gradients work too.
@@ -14,6 +16,7 @@ import math
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.ad_checkpoint import checkpoint_name
 
 from jax_aiter._autodiff import kernel_forward_reference_backward
 from jax_aiter._autodiff import reverse_mode as _reverse_mode_reference
@@ -26,6 +29,10 @@ DGAMMA_MAX_BLOCKS = 512
 # The FFI targets each op calls (the library must export them all).
 RMS_NORM_TARGETS = ("ja_rms_norm_fwd", "ja_rms_norm_bwd")
 RMS_NORM_WITH_ADD_TARGETS = ("ja_add_rms_norm_fwd", "ja_rms_norm_bwd")
+
+# Checkpoint names of the residuals (jax.checkpoint_policies.save_only_these_names).
+INV_RMS_NAME = "rms_norm_inv_rms"
+SUM_NAME = "rms_norm_sum"
 
 
 def _forward_kernel(x, gamma, *, epsilon):
@@ -79,7 +86,7 @@ def _rms_norm(x, gamma, epsilon):
 
 def _rms_norm_fwd(x, gamma, epsilon):
     y, inv_rms = _forward_call(x, gamma, epsilon=epsilon)
-    return y, (x, gamma, inv_rms)
+    return y, (x, gamma, checkpoint_name(inv_rms, INV_RMS_NAME))
 
 
 def _rms_norm_bwd(epsilon, residuals, dy):
@@ -98,7 +105,7 @@ def _rms_norm_with_add(x, residual, gamma, epsilon):
 
 def _rms_norm_with_add_fwd(x, residual, gamma, epsilon):
     y, total, inv_rms = _add_forward_call(x, residual, gamma, epsilon=epsilon)
-    return (y, total), (total, gamma, inv_rms)
+    return (y, total), (checkpoint_name(total, SUM_NAME), gamma, checkpoint_name(inv_rms, INV_RMS_NAME))
 
 
 def _rms_norm_with_add_bwd(epsilon, residuals, cotangents):
