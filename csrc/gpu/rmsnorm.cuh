@@ -202,7 +202,11 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
       const int64_t row_start = row * a.cols;
       gpu::Vec<S, kVec> dy[kItems];
       gpu::Vec<S, kVec> x[kItems];
-      gpu::Vec<S, kVec> d_sum[kFused ? kItems : 1];  // loaded with dy and x: no load waits after the reduction
+      // With the fused add, d_sum is loaded with dy and x (no load waits after the reduction) when one item
+      // leaves room for it; with two, the dgamma sums' compensation takes those registers and d_sum is loaded
+      // after the reduction.
+      constexpr bool kEarlyDSum = kFused && kItems == 1;
+      gpu::Vec<S, kVec> d_sum[kEarlyDSum ? kItems : 1];
       float dot = 0.f;
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
@@ -210,7 +214,7 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
         if (j < accesses) {
           dy[i] = gpu::load_vec<kVec>(a.dy + row_start + int64_t{j} * kVec);
           x[i] = gpu::load_vec<kVec>(a.x + row_start + int64_t{j} * kVec);
-          if constexpr (kFused) d_sum[i] = gpu::load_vec<kVec>(a.d_sum + row_start + int64_t{j} * kVec);
+          if constexpr (kEarlyDSum) d_sum[i] = gpu::load_vec<kVec>(a.d_sum + row_start + int64_t{j} * kVec);
         }
       }
 #pragma unroll
@@ -227,12 +231,16 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
         const int j = t + i * stride;
         if (j < accesses) {
           float dyf[kVec], xf[kVec], gf[kVec], dsf[kVec];
+          gpu::Vec<S, kVec> late_d_sum;
+          if constexpr (kFused && !kEarlyDSum) late_d_sum = gpu::load_vec<kVec>(a.d_sum + row_start + int64_t{j} * kVec);
 #pragma unroll
           for (int k = 0; k < kVec; ++k) {
             dyf[k] = E::load(dy[i].v[k]);
             xf[k] = E::load(x[i].v[k]);
             gf[k] = E::load(g[i].v[k]);
-            dsf[k] = kFused ? E::load(d_sum[i].v[k]) : 0.f;
+            if constexpr (kEarlyDSum) dsf[k] = E::load(d_sum[i].v[k]);
+            else if constexpr (kFused) dsf[k] = E::load(late_d_sum.v[k]);
+            else dsf[k] = 0.f;
             acc[i][k].add(dyf[k] * xf[k] * scale);
           }
           backward_store<E, kVec>(a, row_start + int64_t{j} * kVec, dyf, xf, gf, dsf, scale, correction);
