@@ -73,6 +73,9 @@ class Implementation:
     library: str | Mapping[str, str] | None = None
     targets: tuple[str, ...] = ()
     supports: SupportsFn | None = None
+    # Per platform, a variant of ``fn`` and why it is used there: e.g. the native implementation with XLA's own
+    # forward where XLA's fusion measured faster than the forward kernel (the backward kernel stays).
+    variants: Mapping[str, tuple[Callable[..., Any], str]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.name not in PREFERENCE:
@@ -84,6 +87,12 @@ class Implementation:
         if isinstance(self.library, str):
             return self.library
         return None if self.library is None else self.library.get(platform)
+
+    def fn_for(self, platform: str) -> Callable[..., Any]:
+        return self.variants[platform][0] if platform in self.variants else self.fn
+
+    def note_for(self, platform: str) -> str | None:
+        return self.variants[platform][1] if platform in self.variants else None
 
     def unsupported_reason(self, args: tuple, params: Mapping[str, Any]) -> str | None:
         return None if self.supports is None else self.supports(*args, **params)
@@ -247,12 +256,12 @@ def _warn_unusable_library(library: str, problem: str) -> None:
 
 def dispatch(op: str, *args: Any, **params: Any) -> Any:
     """Run ``op`` on ``args`` with the implementation each platform selects for this call."""
-    chosen = {platform: select(op, platform, args, params) for platform in PLATFORMS}
+    chosen = {platform: select(op, platform, args, params).fn_for(platform) for platform in PLATFORMS}
     distinct = set(chosen.values())
     if len(distinct) == 1:
-        return next(iter(distinct)).fn(*args, **params)
+        return next(iter(distinct))(*args, **params)
     reference = select_reference(op)
-    branches = {p: functools.partial(impl.fn, **params) for p, impl in chosen.items()}
+    branches = {p: functools.partial(fn, **params) for p, fn in chosen.items()}
     return jax.lax.platform_dependent(*args, default=functools.partial(reference.fn, **params), **branches)
 
 
@@ -270,6 +279,7 @@ class Choice:
     present: bool
     selected: str
     rejected: tuple[tuple[str, str], ...]
+    note: str | None = None  # how the selected implementation runs on this platform, when it has a variant
 
 
 def report(platforms: tuple[str, ...] = PLATFORMS) -> list[Choice]:
@@ -280,16 +290,19 @@ def report(platforms: tuple[str, ...] = PLATFORMS) -> list[Choice]:
         for platform in platforms:
             rejected = []
             selected = "none"
+            note = None
             for impl in spec.implementations:
                 if platform not in impl.platforms:
                     continue
                 reason = _status(impl, platform, args, params, forced=False)
                 if reason is None:
                     selected = impl.name
+                    note = impl.note_for(platform)
                     break
                 rejected.append((impl.name, reason))
             forced = forced_implementation(spec.name)
             if forced is not None:
                 selected = f"{forced} (forced; would be {selected})"
-            choices.append(Choice(spec.name, platform, platform in present_platforms(), selected, tuple(rejected)))
+            choices.append(Choice(spec.name, platform, platform in present_platforms(), selected, tuple(rejected),
+                                  note))
     return choices

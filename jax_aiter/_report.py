@@ -28,6 +28,8 @@ def info(platforms: tuple[str, ...] = _backend.PLATFORMS) -> str:
     for choice in _backend.report(platforms):
         mark = "*" if choice.present else " "
         line = f"{mark} {choice.op:<{width}}  {choice.platform:<5} -> {choice.selected}"
+        if choice.note:
+            line += f" [{choice.note}]"
         if choice.rejected:
             line += "   (" + "; ".join(f"{name}: {why}" for name, why in choice.rejected) + ")"
         lines.append(line)

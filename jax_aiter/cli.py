@@ -1,5 +1,6 @@
 """The ``jax-aiter`` command: ``info`` (which implementation each op takes here), ``demo`` (train the tiny
-Llama-style model on the CPU or GPU), ``convergence`` (the same model with BF16 vs each MXFP4 recipe) and
+Llama-style model on the CPU or GPU), ``bench`` (every op against plain JAX and cuDNN, docs/performance.md),
+``convergence`` (the same model with BF16 vs each MXFP4 recipe) and
 ``check-aiter`` (an AITER tree's GEMM code objects and tables against the bridge's argument blocks)."""
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ def cmd_convergence(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from jax_aiter import benchmark
+
+    return benchmark.main(args.bench_args)
+
+
 def cmd_check_aiter(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -140,12 +147,20 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--recipes", nargs="*", help="recipe names (default: all)")
     conv.add_argument("--out", default="convergence-out", help="directory for convergence.json and .png")
     conv.set_defaults(run=cmd_convergence)
+    bench = sub.add_parser("bench", add_help=False,
+                           help="every op against plain JAX / cuDNN in one process: table, JSON and plot "
+                                "(jax-aiter bench --help for its options)")
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER)
+    bench.set_defaults(run=cmd_bench)
     check = sub.add_parser("check-aiter", help="check an AITER checkout's GEMM code objects and kernel tables "
                            "against the bridge's argument blocks and table schema")
     check.add_argument("path", help="AITER checkout, its hsa/ folder or an installed stage")
     check.add_argument("--objdump", help="llvm-objdump with AMDGPU support (default: ROCm's or PATH's)")
     check.add_argument("--no-disassembly", action="store_true", help="skip the kernarg-load checks")
     check.set_defaults(run=cmd_check_aiter)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:  # the benchmark parses its own options (jax-aiter bench --help)
+        return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
     args = parser.parse_args(argv)
     return args.run(args)
 

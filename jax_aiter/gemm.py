@@ -41,16 +41,17 @@ def _fprop(_, split, a, b):
 
 def _dgrad(_, split, g, b):
     b = split.gather(b, n=0, k=1)
-    da = lax.dot_general(g.astype(jnp.float32), b, (((g.ndim - 1,), (0,)), ((), ())),
-                         preferred_element_type=jnp.float32)
-    return (da.astype(b.dtype),)
+    # 16-bit operands as they are: their products are exact in the float32 accumulator (an upcast operand would
+    # turn the GEMM into a float32/TF32 one at half the rate or less).
+    return (ref.dot_in_dtype(g.astype(b.dtype), b, (((g.ndim - 1,), (0,)), ((), ())), b.dtype),)
 
 
 def _wgrad(_, split, g, a, b):
     # b contributes only its sharding, which is the one the weight gradient is reduced to.
     del b
     tokens = tuple(range(g.ndim - 1))
-    partial = lax.dot_general(g.astype(jnp.float32), a, ((tokens, tokens), ((), ())),
+    # float32 partial sums: they are reduced over the token shards before the one rounding to a's dtype.
+    partial = lax.dot_general(g.astype(a.dtype), a, ((tokens, tokens), ((), ())),
                               preferred_element_type=jnp.float32)
     return (split.reduce_over_tokens(partial, n=0, k=1).astype(a.dtype),)
 

@@ -10,7 +10,7 @@
 # PYTHON names the interpreter (default: python on PATH). Tasks that run jax_aiter (test, demo, info, bench)
 # import the package installed in that interpreter's environment, never the source tree's jax_aiter/ (which has
 # no native libraries): tests start in tests/, the commands in an empty directory outside the tree, and
-# benchmarks/bench_kernels.py runs as a script (Python puts only benchmarks/ on sys.path).
+# bench writes its JSON and plot into bench-out/ in the repository (its --out overrides that).
 set -euo pipefail
 
 # name          package  what it runs
@@ -20,7 +20,7 @@ build           no       pip install --no-build-isolation --no-deps . (builds th
 test            yes      pytest on the installed package, started from tests/; GPU tests skip without a GPU
 demo            yes      jax-aiter demo: the backend table, then the tiny Llama-style model trains
 info            yes      jax-aiter info: which implementation every op takes on this machine, and why
-bench           yes      benchmarks/bench_kernels.py: kernels against the copy ceiling and plain XLA
+bench           yes      jax-aiter bench: every op against plain JAX and cuDNN in one process (table, JSON, plot)
 conda-build     yes      scripts/conda_build.py: the conda packages (no arguments: the offline cpu packages)
 build-aiter     no       scripts/build-aiter.sh: build and stage AITER's libraries (ROCm machine)
 dev-build       no       scripts/dev-build.sh: the native libraries into build/dev, for JAX_AITER_LIB_DIR
@@ -79,7 +79,7 @@ case $task in
   test) cd tests && exec "$python" -m pytest -p no:cacheprovider --rootdir=.. -c ../pyproject.toml "$@" . ;;
   demo) installed_cli demo "$@" ;;
   info) installed_cli info "$@" ;;
-  bench) exec "$python" benchmarks/bench_kernels.py "$@" ;;
+  bench) installed_cli bench --out "$root/bench-out" "$@" ;;
   conda-build) exec "$python" scripts/conda_build.py "$@" ;;
   build-aiter) PYTHON=$python; export PYTHON; exec bash scripts/build-aiter.sh "$@" ;;
   dev-build) PYTHON=$python; export PYTHON; exec bash scripts/dev-build.sh "$@" ;;

@@ -15,6 +15,7 @@ from jax_aiter import _native
 from jax_aiter.gemm_fp4 import (CHECKPOINT_NAMES, MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor,
                                 WeightWorkspace, cast_mxfp4, gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
 from jax_aiter.gemm_fp4._linear import role_sr_key
+from jax_aiter.ref import mxfp4 as mxfp4_ref
 
 M, N, K = 40, 64, 128  # M is not a multiple of 32, 64 or 256: every padding path runs
 
@@ -55,6 +56,86 @@ def test_gemm_fp4_on_cast_outputs():
     want_a = oracle.dequantize(*oracle.quantize(np.asarray(x, np.float32)))
     want_b = oracle.dequantize(*oracle.quantize(np.asarray(w, np.float32)))
     assert_gemm_close(gemm_fp4(a, b, a_scale, b_scale), want_a, want_b)
+
+
+# --- the emulated GEMM: exact bf16 operands on matrix units vs float32 -----------------------------------
+
+
+def test_every_mxfp4_value_is_a_bf16_value():
+    """dequantize_bf16 is exact for all 256 bytes under all 256 scale bytes: the bf16 pattern is the float32
+    pattern's high half, and the low half is zero (subnormals, infinities and NaN included)."""
+    data = np.tile(np.arange(256, dtype=np.uint8), (256, 1))
+    scales = np.repeat(np.arange(256, dtype=np.uint8)[:, None], 256 * 2 // 32, axis=1)
+    f32 = np.asarray(jax.jit(mxfp4_ref.dequantize)(data, scales)).view(np.uint32)
+    bf16 = np.asarray(jax.jit(mxfp4_ref.dequantize_bf16)(data, scales)).view(np.uint16)
+    assert np.all(f32 & 0xFFFF == 0)
+    np.testing.assert_array_equal(bf16, (f32 >> 16).astype(np.uint16))
+    with np.errstate(over="ignore"):  # 6 * 2^127 is Inf in float32
+        np.testing.assert_array_equal(f32.view(np.float32), oracle.dequantize(data, scales).astype(np.float32))
+
+
+EMULATIONS = {"dispatched": gemm_fp4, "float32": mxfp4_ref.gemm_fp4_float32,
+              "bf16 operands": mxfp4_ref.gemm_fp4_bf16_operands}
+
+
+def _emulated(device, rng, m, n, k, scale_low, scale_high):
+    a, a_scale = random_mxfp4(rng, m, k, scale_low, scale_high)
+    b, b_scale = random_mxfp4(rng, n, k, scale_low, scale_high)
+    operands = [jax.device_put(t, device) for t in (a, shuffle_fp4(jnp.asarray(b)),
+                                                    shuffle_scales(jnp.asarray(a_scale)),
+                                                    shuffle_scales(jnp.asarray(b_scale)))]
+    outs = {name: np.asarray(jax.jit(fn)(*operands), np.float64) for name, fn in EMULATIONS.items()}
+    return outs, oracle.dequantize(a, a_scale), oracle.dequantize(b, b_scale)
+
+
+def test_emulated_gemm_is_bitwise_exact_where_sums_are_exact(device):
+    """Scale bytes 126..128 and K = 2048: every product is a multiple of 2^-4 and every partial sum stays below
+    2^24 of those units, so every summation order gives the exact sum: each emulation returns it rounded once."""
+    outs, a_values, b_values = _emulated(device, np.random.default_rng(11), 64, 48, 2048, 126, 129)
+    exact = (a_values @ b_values.T).astype(np.float32).astype(jnp.bfloat16).astype(np.float64)
+    for name, out in outs.items():
+        np.testing.assert_array_equal(out, exact, err_msg=name)
+
+
+@pytest.mark.parametrize("scale_low, scale_high", [(100, 160), (1, 70)], ids=["wide", "subnormal products"])
+def test_emulated_gemm_is_bounded_elsewhere(device, scale_low, scale_high):
+    """Anywhere else the emulations differ from the exact product by float32 summation error and one bf16
+    rounding; where products fall below 2^-126 (scale bytes summing under 130) by at most K * 2^-126 more."""
+    k = 1024
+    outs, a_values, b_values = _emulated(device, np.random.default_rng(12), 40, 64, k, scale_low, scale_high)
+    exact = a_values @ b_values.T
+    magnitude = np.abs(a_values) @ np.abs(b_values).T
+    bound = 2.0 ** -8 * np.abs(exact) + k * 2.0 ** -24 * magnitude + k * 2.0 ** -126 + 2.0 ** -133
+    for name, out in outs.items():
+        err = np.abs(out - exact)
+        assert np.all(err <= bound), (name, float(np.max(err - bound)))
+
+
+def test_emulated_gemm_non_finite_values(device):
+    """NaN scales and infinite values (code 7 under scale byte 254 is 6 * 2^127) give the same NaN and Inf
+    positions in every emulation."""
+    rng = np.random.default_rng(13)
+    m, n, k = 32, 32, 256
+    codes_a, codes_b = rng.integers(0, 7, (m, k)), rng.integers(0, 7, (n, k))
+    a_scale = np.full((m, k // 32), 120, np.uint8)
+    b_scale = np.full((n, k // 32), 120, np.uint8)
+    a_scale[3, 2] = 255  # row 3 is NaN
+    a_scale[5, 1], codes_a[5, 40] = 254, 7  # row 5 holds +Inf
+    b_scale[7, 0], codes_b[7, 3] = 254, 15  # column 7 holds -Inf
+    a, b = oracle.pack(codes_a.astype(np.uint8)), oracle.pack(codes_b.astype(np.uint8))
+    operands = [jax.device_put(t, device) for t in (a, shuffle_fp4(jnp.asarray(b)),
+                                                    shuffle_scales(jnp.asarray(a_scale)),
+                                                    shuffle_scales(jnp.asarray(b_scale)))]
+    outs = {name: np.asarray(jax.jit(fn)(*operands), np.float64) for name, fn in EMULATIONS.items()}
+    with np.errstate(invalid="ignore", over="ignore"):
+        # float32 operands: 6 * 2^127 overflows to Inf there, as in every emulation
+        exact = (oracle.dequantize(a, a_scale).astype(np.float32).astype(np.float64)
+                 @ oracle.dequantize(b, b_scale).astype(np.float32).astype(np.float64).T)
+    assert np.isnan(exact).any() and np.isinf(exact).any()
+    for name, out in outs.items():
+        np.testing.assert_array_equal(np.isnan(out), np.isnan(exact), err_msg=name)
+        np.testing.assert_array_equal(np.isposinf(out), np.isposinf(exact), err_msg=name)
+        np.testing.assert_array_equal(np.isneginf(out), np.isneginf(exact), err_msg=name)
 
 
 @pytest.mark.parametrize("call, error, name", [

@@ -633,6 +633,21 @@ def test_cudnn_deterministic_with_xla_determinism_flag(cudnn_present, monkeypatc
     assert cudnn_reason(deterministic=True) is None
 
 
+def test_default_is_not_deterministic_and_takes_cudnn(cudnn_present):
+    """flash-attn's default, deterministic=False: a call cuDNN supports goes to cuDNN with default arguments;
+    deterministic=True without XLA's determinism flag takes the reference (docs/attention.md, "Determinism")."""
+    import inspect
+
+    for fn in (flash_attn_func, flash_attn_varlen):
+        assert inspect.signature(fn).parameters["deterministic"].default is False
+    q, kv = jnp.zeros((2, 8, 4, 64), jnp.bfloat16), jnp.zeros((2, 8, 2, 64), jnp.bfloat16)
+    for deterministic, expected in ((False, "cudnn"), (True, "xla")):
+        operands, params = attention.flash_attn_call(
+            q, kv, kv, dropout_p=0.0, softmax_scale=None, causal=True, window_size=(-1, -1), bias=None,
+            alibi_slopes=None, deterministic=deterministic, return_lse=False, dropout_key=None)
+        assert _backend.select(FLASH_ATTN, "cuda", operands, params).name == expected
+
+
 def test_cudnn_varlen_supports(cudnn_present):
     q = jnp.zeros((32, 4, 64), jnp.bfloat16)
     kv = jnp.zeros((32, 2, 64), jnp.bfloat16)
@@ -876,8 +891,13 @@ def test_cudnn_masked_non_finite_on_cuda():
     _cuda_or_skip()
     q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in qkv(batch=1, sq=128, sk=128, hq=8, hk=2, dim=64, seed=340))
     v_bad = v.at[0, 64].set(jnp.nan)
-    fn = jax.jit(lambda q, k, v: flash_attn_func(q, k, v, causal=True, deterministic=False))
-    np.testing.assert_array_equal(np.asarray(fn(q, k, v_bad))[:, :64], np.asarray(fn(q, k, v))[:, :64])
+    fn = jax.jit(lambda q, k, v: flash_attn_func(q, k, v, causal=True))  # default: cuDNN
+    # With a NaN value the call takes the reference: rows that cannot see it equal the reference's clean rows.
+    with use_backend(flash_attn="xla"):
+        reference = np.asarray(jax.jit(lambda q, k, v: flash_attn_func(q, k, v, causal=True))(q, k, v))
+    bad = np.asarray(fn(q, k, v_bad))
+    np.testing.assert_array_equal(bad[:, :64], reference[:, :64])
+    assert np.isnan(bad[:, 64:]).any()
 
 
 # --- windows in canonical form ------------------------------------------------------------------------------

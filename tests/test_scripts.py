@@ -127,18 +127,20 @@ def test_commands_run_the_installed_package_from_outside_the_tree(task, fake_pyt
     assert not (cwd / "jax_aiter").exists()
 
 
-def test_tests_start_in_tests_and_bench_runs_as_a_script(fake_python):
+def test_tests_start_in_tests_and_bench_runs_the_installed_cli(fake_python, tmp_path):
     python, log = fake_python
-    env = {"PYTHON": str(python)}
+    env = {"PYTHON": str(python), "TMPDIR": str(tmp_path)}
     assert run("scripts/task.sh", "test", "-k", "mxfp4", env=env).returncode == 0
     assert run("scripts/task.sh", "bench", "--quick", env=env).returncode == 0
     assert run("scripts/task.sh", "build", env=env).returncode == 0
-    (test_cwd, test_args), (bench_cwd, bench_args), (build_cwd, build_args) = calls(log)
+    (test_cwd, test_args), (_, check_args), (bench_cwd, bench_args), (build_cwd, build_args) = calls(log)
     # From tests/, `import jax_aiter` finds the installed package, not the source tree's jax_aiter/.
     assert test_cwd == ROOT / "tests" and not (test_cwd / "jax_aiter").exists()
     assert test_args[:2] == ["-m", "pytest"] and "-k" in test_args and "mxfp4" in test_args
-    # As a script, Python puts benchmarks/ (not the working directory) first on sys.path.
-    assert bench_args == ["benchmarks/bench_kernels.py", "--quick"] and bench_cwd == ROOT
+    # jax-aiter bench of the installed package, started outside the tree, writing into the repository's bench-out/.
+    assert check_args == ["-c", "import jax_aiter"]
+    assert bench_args == ["-m", "jax_aiter.cli", "bench", "--out", str(ROOT / "bench-out"), "--quick"]
+    assert not _inside_tree(bench_cwd)
     assert build_args == ["-m", "pip", "install", "--no-build-isolation", "--no-deps", "."] and build_cwd == ROOT
 
 

@@ -1,8 +1,9 @@
 """``gemm_fp4``: the FP4 GEMM on pre-quantized AITER operands, as a dispatched op.
 
 Implementations, declared at the end of this module: ``aiter`` (ROCm gfx950, AITER's ASM a4w4 kernels) and
-``xla``, which unshuffles, dequantizes exactly and multiplies in float32, so one program gives the same answer on
-every backend up to float32 summation order.
+``xla``, the emulation: it unshuffles and dequantizes exactly, then on the CPU multiplies in float32, and on GPUs
+(NVIDIA, gfx942) multiplies exact bf16 operands on the matrix units with float32 accumulation; one program gives
+the same answer on every backend up to float32 summation order (docs/mxfp4.md, "The emulated GEMM").
 """
 
 from __future__ import annotations

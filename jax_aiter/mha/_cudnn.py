@@ -131,21 +131,77 @@ def _mask_options(window: tuple[int, int]) -> dict:
 
 def _pad(x: jax.Array, cu_seqlens: jax.Array, lengths: jax.Array, max_seqlen: int) -> jax.Array:
     """Packed ``[T, H, D]`` -> ``[B, max_seqlen, H, D]``, zero past each sequence's length."""
+    del lengths  # implied by cu_seqlens
+    return _padded(x, cu_seqlens, max_seqlen)
+
+
+def _unpad(x: jax.Array, cu_seqlens: jax.Array, total: int) -> jax.Array:
+    """``[B, max_seqlen, H, D]`` -> packed ``[T, H, D]``; tokens past the last sequence get 0."""
+    return _packed(x, cu_seqlens, total)
+
+
+# Padding and unpadding move each token between its packed row and its padded slot, and every other entry is
+# zero: each is the other's transpose. Their VJPs say so, which makes each gradient a gather too, instead of
+# the scatter-add autodiff derives from a gather (atomic adds, several times slower on an H200).
+def _pad_gather(x, cu_seqlens, max_seqlen):
+    lengths = jnp.diff(cu_seqlens)
     index = cu_seqlens[:-1, None] + jnp.arange(max_seqlen, dtype=cu_seqlens.dtype)[None, :]
     valid = jnp.arange(max_seqlen)[None, :] < lengths[:, None]
     gathered = x[jnp.clip(index, 0, x.shape[0] - 1)]
     return jnp.where(valid[:, :, None, None], gathered, 0)
 
 
-def _unpad(x: jax.Array, cu_seqlens: jax.Array, total: int) -> jax.Array:
-    """``[B, max_seqlen, H, D]`` -> packed ``[T, H, D]``; tokens past the last sequence get 0."""
+def _packed_gather(x, cu_seqlens, total):
     batch, max_seqlen = x.shape[:2]
     tokens = jnp.arange(total, dtype=cu_seqlens.dtype)
     seq = jnp.searchsorted(cu_seqlens[1:], tokens, side="right")
-    inside = seq < batch
+    # a token is in a padded slot when its sequence exists and its position is below max_seqlen (always, for
+    # offsets the checks accepted)
+    pos = tokens - cu_seqlens[jnp.clip(seq, 0, batch - 1)]
+    inside = (seq < batch) & (pos < max_seqlen)
     seq = jnp.clip(seq, 0, batch - 1)
-    pos = jnp.clip(tokens - cu_seqlens[seq], 0, max_seqlen - 1)
+    pos = jnp.clip(pos, 0, max_seqlen - 1)
     return jnp.where(inside[:, None, None], x[seq, pos], 0)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _padded_vjp(x, cu_seqlens, max_seqlen, total):
+    return _pad_gather(x, cu_seqlens, max_seqlen)
+
+
+def _padded_fwd(x, cu_seqlens, max_seqlen, total):
+    return _pad_gather(x, cu_seqlens, max_seqlen), cu_seqlens
+
+
+def _padded_bwd(max_seqlen, total, cu_seqlens, g):
+    return _packed_vjp(g, cu_seqlens, max_seqlen, total), None
+
+
+_padded_vjp.defvjp(_padded_fwd, _padded_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _packed_vjp(x, cu_seqlens, max_seqlen, total):
+    return _packed_gather(x, cu_seqlens, total)
+
+
+def _packed_fwd(x, cu_seqlens, max_seqlen, total):
+    return _packed_gather(x, cu_seqlens, total), cu_seqlens
+
+
+def _packed_bwd(max_seqlen, total, cu_seqlens, g):
+    return _padded_vjp(g, cu_seqlens, max_seqlen, total), None
+
+
+_packed_vjp.defvjp(_packed_fwd, _packed_bwd)
+
+
+def _padded(x, cu_seqlens, max_seqlen):
+    return _padded_vjp(x, cu_seqlens, max_seqlen, x.shape[0])
+
+
+def _packed(x, cu_seqlens, total):
+    return _packed_vjp(x, cu_seqlens, x.shape[1], total)
 
 
 @functools.cache

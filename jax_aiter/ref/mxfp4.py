@@ -39,9 +39,6 @@ _HADAMARD_SCALE_FLOOR_BITS = np.uint32(0x02000000)  # 2^-123; below it a scaled 
 # Midpoint m (in quarter units) between codes i and i+1 becomes 2m, plus 1 when the tie must stay at the
 # even code i.
 _RNE_THRESHOLDS = (3, 6, 11, 14, 21, 28, 41)
-# Dequantization: magnitude code -> (exponent, half bit) with E2M1 magnitude = (1 + half/2) * 2^exponent.
-_CODE_EXPONENT = np.array([0, -1, 0, 0, 1, 1, 2, 2], np.int32)
-_CODE_HALF = np.array([0, 0, 0, 1, 0, 1, 0, 1], np.uint32)
 
 
 def _u32(value: int) -> np.uint32:
@@ -212,22 +209,45 @@ def quantize_rows(x: jax.Array, *, scale_rule: str, sr_key: jax.Array | None, tr
     return data, scales
 
 
-def dequantize(data: jax.Array, scales: jax.Array, dtype=jnp.float32) -> jax.Array:
-    """Packed uint8 [..., K/2] and scale bytes [..., K/32] -> [..., K]; exact in float32 (bits built directly,
-    so results in the subnormal range survive a flush-to-zero runtime), then converted to ``dtype``."""
+def _dequantized_bits(data: jax.Array, scales: jax.Array) -> jax.Array:
+    """float32 bit patterns of the dequantized values of packed uint8 [..., K/2] and scale bytes [..., K/32].
+
+    Elementwise integer arithmetic only (no table lookups), so XLA fuses it into one pass, or into the consumer.
+    E2M1 magnitude code m: 0 -> 0, 1 -> 0.5 = 2^-1, and for m >= 2 (1 + (m & 1)/2) * 2^((m >> 1) - 1).
+    """
     data = data.astype(jnp.uint32)
     codes = jnp.stack([data & 0xF, data >> 4], axis=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
     scale = jnp.repeat(scales.astype(jnp.int32), BLOCK, axis=-1)
     magnitude = codes & 7
-    half = jnp.asarray(_CODE_HALF)[magnitude]
-    field = jnp.asarray(_CODE_EXPONENT)[magnitude] + scale  # biased float32 exponent of the result
+    normal_code = magnitude >= 2
+    half = jnp.where(normal_code, magnitude & 1, _u32(0))
+    exponent = jnp.where(normal_code, (magnitude >> 1).astype(jnp.int32) - 1, -1)
+    field = exponent + scale  # biased float32 exponent of the result
     normal = (field.astype(jnp.uint32) << 23) | (half << 22)
     # Below 2^-126: (2 + half) * 2^(field + 21) units of 2^-149; field >= -1 keeps the shift in [20, 21].
     subnormal = (2 + half) << jnp.clip(field + 21, 0, 31).astype(jnp.uint32)
     bits = jnp.where(field >= 255, _INF_BITS, jnp.where(field >= 1, normal, subnormal))
     bits = jnp.where(magnitude == 0, _u32(0), bits) | ((codes >> 3) << 31)
-    bits = jnp.where(scale == NAN_SCALE, _NAN_BITS, bits)
-    return _float(bits).astype(dtype)
+    return jnp.where(scale == NAN_SCALE, _NAN_BITS, bits)
+
+
+def dequantize(data: jax.Array, scales: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """Packed uint8 [..., K/2] and scale bytes [..., K/32] -> [..., K]; exact in float32 (bits built directly,
+    so results in the subnormal range survive a flush-to-zero runtime), then converted to ``dtype``."""
+    return _float(_dequantized_bits(data, scales)).astype(dtype)
+
+
+def dequantize_bf16(data: jax.Array, scales: jax.Array) -> jax.Array:
+    """:func:`dequantize` into bfloat16, exactly, for every byte pattern.
+
+    Every MXFP4 value is a bf16 value: bf16 has float32's 8 exponent bits (so the same range, infinities and NaN)
+    and 7 fraction bits plus subnormals down to 2^-133, while an MXFP4 value has at most two significant bits
+    and, its smallest step being 0.5 * 2^(0 - 127) = 2^-128, is a multiple of 2^-128. So the float32 pattern's
+    low 16 bits are zero and its high half is the bf16 pattern: taken directly, no rounding and no subnormal
+    flushing can occur.
+    """
+    bits = _dequantized_bits(data, scales)
+    return lax.bitcast_convert_type((bits >> 16).astype(jnp.uint16), jnp.bfloat16)
 
 
 # --- AITER operand layouts -------------------------------------------------------------------------------
@@ -300,14 +320,50 @@ def cast_mxfp4_dual(x: jax.Array, sr_key: jax.Array, hadamard_key: jax.Array, in
     return (*row, *col)
 
 
-def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
-    """bf16 out[M, N] = A[M, K] . B[N, K]^T from AITER operands (A plain, B and both scales shuffled):
-    unshuffle, dequantize exactly, multiply in float32."""
+def _gemm_operands(a, b, a_scale, b_scale, dequantize_fn):
     m, half_k = a.shape
     n = b.shape[0]
     scale_cols = half_k * 2 // BLOCK
-    a_values = dequantize(a, unshuffle_scales(a_scale, (m, scale_cols)))
-    b_values = dequantize(unshuffle_fp4(b), unshuffle_scales(b_scale, (n, scale_cols)))
-    out = lax.dot_general(a_values, b_values, (((1,), (1,)), ((), ())), precision=lax.Precision.HIGHEST,
+    a_values = dequantize_fn(a, unshuffle_scales(a_scale, (m, scale_cols)))
+    b_values = dequantize_fn(unshuffle_fp4(b), unshuffle_scales(b_scale, (n, scale_cols)))
+    return a_values, b_values
+
+
+_NT = (((1,), (1,)), ((), ()))  # contract both operands' last axes: A . B^T
+
+
+def gemm_fp4_float32(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
+    """bf16 out[M, N] = A[M, K] . B[N, K]^T from AITER operands (A plain, B and both scales shuffled):
+    unshuffle, dequantize exactly into float32, multiply in float32 (``Precision.HIGHEST``)."""
+    a_values, b_values = _gemm_operands(a, b, a_scale, b_scale, dequantize)
+    out = lax.dot_general(a_values, b_values, _NT, precision=lax.Precision.HIGHEST,
                           preferred_element_type=jnp.float32)
     return out.astype(jnp.bfloat16)
+
+
+def gemm_fp4_bf16_operands(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
+    """:func:`gemm_fp4_float32` on matrix units: both operands dequantized exactly into bf16
+    (:func:`dequantize_bf16`), multiplied with float32 accumulation, rounded once to bf16.
+
+    Equal to :func:`gemm_fp4_float32` up to float32 summation order. The operands are the same values, and each
+    product of two MXFP4 values (at most 4 significant bits) is exact in float32, hence the same in both, as
+    long as it is zero or at least 2^-126 in magnitude, i.e. for every pair of blocks whose scale bytes sum to
+    at least 130 (a product is a multiple of 2^(sa + sb - 256) and at least 2^(sa + sb - 256) when non-zero):
+    from ~1e-19 times the typical magnitude of a block pair on. Below that a product lies in float32's
+    subnormal range, which matrix units and flush-to-zero runtimes (XLA's CPU backend) may flush; the
+    difference is then at most K * 2^-126 in absolute value (docs/mxfp4.md, "The emulated GEMM").
+    Where every partial sum is exact (a multiple of the smallest product's unit below 2^24 of it), both give
+    the same bits.
+    """
+    a_values, b_values = _gemm_operands(a, b, a_scale, b_scale, dequantize_bf16)
+    # Asked for in bf16 directly: XLA's compute type for a bf16 GEMM is float32 (cuBLAS, hipBLASLt), rounded
+    # once in the epilogue; no float32 result round-trips through memory. (XLA's CPU backend computes it in
+    # float32 and converts.) tests/test_gemm_fp4.py checks the float32 accumulation bit for bit on each device.
+    return lax.dot_general(a_values, b_values, _NT, preferred_element_type=jnp.bfloat16)
+
+
+def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
+    """The emulated FP4 GEMM: on the CPU in float32 (:func:`gemm_fp4_float32`), on GPUs on their matrix units
+    from exact bf16 operands (:func:`gemm_fp4_bf16_operands`; about 15x faster on an H200, equal up to
+    float32 summation order). The choice is made per platform when the program is lowered."""
+    return lax.platform_dependent(a, b, a_scale, b_scale, cpu=gemm_fp4_float32, default=gemm_fp4_bf16_operands)

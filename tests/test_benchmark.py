@@ -1,0 +1,38 @@
+"""`jax-aiter bench`: a quick run on this machine writes the JSON and the table; per-platform variants of the
+default selection are reported by `jax_aiter.info()` (docs/performance.md)."""
+
+import json
+
+import pytest
+
+import jax_aiter
+from jax_aiter import _backend, benchmark, cli
+
+
+def test_quick_bench_writes_json_and_table(tmp_path, capsys):
+    assert cli.main(["bench", "--quick", "--only", "linear", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "bench.json").read_text())
+    assert result["complete"] and result["quick"] and result["sections"] == ["linear"]
+    names = [row["name"] for row in result["rows"]]
+    assert names == ["gemm_fp4_bf16 fwd", "gemm_fp4_bf16 fwd+bwd"]
+    assert all(row["mxfp4_s"] > 0 and row["bf16_s"] > 0 for row in result["rows"])
+    out = capsys.readouterr().out
+    assert "gemm_fp4_bf16 fwd+bwd" in out and "not a measurement" in out
+    assert any("gemm_fp4" in line for line in result["selection"])
+
+
+def test_bench_rejects_an_unknown_section(tmp_path):
+    with pytest.raises(SystemExit):
+        benchmark.main(["--only", "nope", "--out", str(tmp_path)])
+
+
+def test_variants_say_which_direction_runs_where():
+    import jax_aiter.activation  # noqa: F401
+    import jax_aiter.rmsnorm  # noqa: F401
+
+    for op in ("rms_norm", "silu_and_mul"):
+        native = next(i for i in _backend.implementations(op) if i.name == "native")
+        assert "XLA" in native.note_for("cuda")
+        assert native.fn_for("cuda") is not native.fn and native.fn_for("cpu") is native.fn
+        assert native.note_for("cpu") is None
+    assert "rms_norm" in jax_aiter.info()
