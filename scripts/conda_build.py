@@ -3,6 +3,7 @@
     python scripts/conda_build.py                                         # cpu packages, no conda channel (CI)
     python scripts/conda_build.py --backend cuda --channel conda-forge    # the published recipe, one backend
     python scripts/conda_build.py --backend rocm --channel conda-forge    # needs a ROCm machine
+    python scripts/conda_build.py --sdist dist                            # the release sdist and its sha256
 
 With a channel, recipe/recipe.yaml is built as published: its source is the released sdist (url + sha256).
 
@@ -18,8 +19,11 @@ from __future__ import annotations
 
 import argparse
 import copy
+import hashlib
 import os
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -122,13 +126,33 @@ def build(backend: str, output_dir: Path, channels: list[str]) -> list[BuildResu
                                           output_dir=output_dir, channels=channels)
 
 
+def sdist(out_dir: Path) -> Path:
+    """The source distribution the recipe's url names, built from this checkout (scikit-build-core's sdists are
+    reproducible: the same files give the same sha256)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    made = subprocess.run([sys.executable, "-c", "import sys; from scikit_build_core.build import build_sdist; "
+                           "print(build_sdist(sys.argv[1]))", str(out_dir)], cwd=ROOT, check=True,
+                          capture_output=True, text=True)
+    return out_dir / made.stdout.strip().splitlines()[-1]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=BACKENDS, default="cpu")
     parser.add_argument("--channel", action="append", default=[],
                         help="conda channel for the requirements (repeatable); none applies the offline override")
     parser.add_argument("--output-dir", type=Path, default=ROOT / "build" / "conda")
+    parser.add_argument("--sdist", type=Path, metavar="DIR",
+                        help="build the release sdist into DIR, print its sha256 and whether recipe.yaml names it")
     args = parser.parse_args()
+    if args.sdist:
+        path = sdist(args.sdist.resolve())
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        named = re.search(r"sha256: ([0-9a-f]{64})", RECIPE.read_text())
+        print(f"{path}\nsha256: {digest}\n"
+              + ("recipe/recipe.yaml names this sdist" if named and named.group(1) == digest else
+                 "recipe/recipe.yaml names another sdist: set its sha256 to this one when releasing"))
+        return
     for result in build(args.backend, args.output_dir.resolve(), args.channel):
         for package in map(Path, result.packages):
             print(f"{package}  {package.stat().st_size / 1024:.0f} KiB  ({result.build_time:.0f} s)")

@@ -229,6 +229,79 @@ def test_offline_override_builds_from_the_checkout_without_channel_requirements(
     assert core.recipe.requirements.run == []
 
 
+# --- the staging build script ----------------------------------------------------------------------------
+
+
+def _fake_python(tmp_path: Path) -> tuple[Path, Path]:
+    """A `python` that records its arguments and the variables build.sh exports, and succeeds."""
+    log = tmp_path / "calls.log"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text(
+        '#!/bin/sh\n{ for a in "$@"; do printf "arg=%s\\n" "$a"; done; '
+        'printf "env=%s %s %s\\n" "$JA_ENABLE_CUDA" "$JA_ENABLE_HIP" "${CMAKE_PREFIX_PATH:-}"; echo end; } '
+        f'>> "{log}"\n')
+    (bin_dir / "python").chmod(0o755)
+    return bin_dir, log
+
+
+def _calls(log: Path) -> list[list[str]]:
+    return [record.splitlines() for record in log.read_text().split("end\n")[:-1]]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@pytest.mark.parametrize("backend", ["cpu", "cuda", "rocm"], ids=lambda backend: f"{backend}-build-script")
+def test_build_script(backend, tmp_path):
+    """What recipe/build.sh runs per backend: on rocm AITER's build from the fetched source into the stage CMake
+    reads (its defaults JA_AITER_DIR and JA_AITER_STAGE_DIR), then for every backend pip with the conda RUNPATH,
+    then recipe/dist_info.py."""
+    bin_dir, log = _fake_python(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    env = {"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}", "JA_GPU_BACKEND": backend,
+           "JA_HIP_ARCHS": "gfx942;gfx950", "ROCM_PATH": "/opt/rocm", "PREFIX": str(tmp_path / "prefix"),
+           "RECIPE_DIR": str(ROOT / "recipe"), "CPU_COUNT": "7"}
+    result = subprocess.run(["bash", str(ROOT / "recipe" / "build.sh")], cwd=work, env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stderr
+    calls = _calls(log)
+    *stage, install, dist_info = calls
+    args = [line.removeprefix("arg=") for line in install if line.startswith("arg=")]
+    assert args[:3] == ["-m", "pip", "install"] and "--no-build-isolation" in args and "--no-deps" in args
+    assert args[args.index("--prefix") + 1] == env["PREFIX"]
+    assert "--config-settings=cmake.define.JA_INSTALL_RPATH=$ORIGIN/../../../.." in args
+    assert f"--config-settings=cmake.define.JA_ENABLE_AITER={'ON' if backend == 'rocm' else 'OFF'}" in args
+    cuda, hip = {"cpu": ("OFF", "OFF"), "cuda": ("ON", "OFF"), "rocm": ("OFF", "ON")}[backend]
+    assert install[-1].startswith(f"env={cuda} {hip}")
+    assert dist_info[:2] == [f"arg={ROOT / 'recipe' / 'dist_info.py'}", f"arg={env['PREFIX']}"]
+    if backend != "rocm":
+        assert stage == []
+        return
+    (stage,) = stage
+    assert [line.removeprefix("arg=") for line in stage if line.startswith("arg=")] == [
+        "tools/aiter_build.py", "stage", "--aiter", "third_party/aiter", "--stage", "build/aiter", "--jit-dir",
+        "build/aiter-jit", "--archs", "gfx942;gfx950", "--jobs", "7"]
+    assert stage[-1] == "env=OFF ON /opt/rocm"
+    cmake = (ROOT / "csrc" / "aiter" / "CMakeLists.txt").read_text()
+    assert '"${JA_REPO_ROOT}/third_party/aiter"' in cmake and '"${JA_REPO_ROOT}/build/aiter"' in cmake
+
+
+def test_aiter_build_takes_a_checkout_without_git_as_the_pinned_commit(tmp_path, monkeypatch):
+    """The sdist has no gitlink and rattler-build's copy of the git source need not keep git metadata: the build tool
+    then uses the commit the runtime validates assets against, which the recipe fetched."""
+    spec = importlib.util.spec_from_file_location("aiter_build", ROOT / "tools" / "aiter_build.py")
+    aiter_build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aiter_build)
+    from jax_aiter.aiter import manifest
+
+    monkeypatch.chdir(tmp_path)  # a source tree that is no git checkout
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path.parent))
+    assert aiter_build.pinned_commit() == manifest.PINNED_AITER_COMMIT
+    copy = tmp_path / "third_party" / "aiter"
+    copy.mkdir(parents=True)
+    assert aiter_build.aiter_commit(copy, manifest.PINNED_AITER_COMMIT) == manifest.PINNED_AITER_COMMIT
+
+
 # --- solving: which build a machine gets ---------------------------------------------------------------------
 
 
