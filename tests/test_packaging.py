@@ -520,7 +520,8 @@ def test_pixi_takes_jax_and_the_rattler_tools_from_pypi():
     for feature in PIXI["feature"].values():
         conda |= set(feature.get("dependencies", {}))
     assert not conda & {"jax", "jaxlib", "py-rattler-build", "py-rattler"}
-    assert {"py-rattler-build", "py-rattler"} <= set(PIXI["pypi-dependencies"])
+    assert {"py-rattler-build", "py-rattler", "flax"} <= set(PIXI["pypi-dependencies"])
+    assert "flax" not in conda
     assert _feature("cpu")["pypi-dependencies"]["jax"] == f">={_jax_floor()}"
     assert _feature("cuda")["pypi-dependencies"]["jax"] == {"version": f">={_jax_floor()}", "extras": ["cuda12"]}
 
