@@ -96,7 +96,7 @@ class Split:
                      ) -> jax.Array | None:
         """Global (row, column) of this device's block ``[0, 0]`` as the MXFP4 casts' uint32[2] ``index_offset``,
         from (dimension name, local length) of the block's rows and columns; None when neither is split, so an
-        undivided call passes exactly what it always did."""
+        undivided call passes the same operands as the single-device op."""
         named = [dim for dim in (rows, cols) if dim is not None]
         if not self.splits(*(name for name, _ in named)):
             return None
@@ -217,7 +217,7 @@ class LinearOp:
         self._partitioned.def_partition(self._partition, sharding_rule=rule, decode_shardings=False, **factor_sizes)
 
     def __call__(self, static: Any, *arrays: jax.Array) -> tuple:
-        # The backend override in force now travels with the call: the split program is traced later, when XLA
+        # The backend override in force at the call travels with it: the split program is traced later, when XLA
         # partitions, and must pick the implementations the undivided program picked.
         context = (static, _backend.current_overrides())
 

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Run a project task on a plain machine without conda: make (or reuse) a Python 3.12 virtual environment in
 # .venv, install what the task needs into it, then run the task with scripts/task.sh, the same entry the pixi
-# tasks call. Tasks that run jax-aiter (scripts/task.sh --needs-package) get it installed from this checkout
-# with its test extras, which builds the native libraries; the others get the build tools and jax only.
+# tasks call. Tasks that run jax-aiter (scripts/task.sh --needs-package) get it the way a user's `pip install .`
+# does: pip builds the wheel in an isolated build environment (pyproject.toml's build requirements), then installs
+# it with the test extra. The wheel is kept in build/wheelhouse and named by JA_WHEEL for tests/test_pip_install.py.
+# The other tasks get the build tools and jax only.
 #   bash scripts/plain.sh <task> [args...]      e.g. demo | test | bench | conda-build | build-aiter | compile-check all
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,9 +42,19 @@ if [ ! -x .venv/bin/python ]; then
   "$python" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-# The build uses the venv's jax headers, so install build requirements first and build without isolation.
-.venv/bin/python -m pip install -q "scikit-build-core>=0.10" cmake ninja "jax>=0.11" numpy ml_dtypes
 if [ "$needs_package" = yes ]; then
-  .venv/bin/python -m pip install -q --no-build-isolation ".[test]"
+  # `pip install .` in two steps, so that the wheel it installs stays for the tests.
+  rm -rf build/wheelhouse
+  .venv/bin/python -m pip wheel -q --no-deps --wheel-dir build/wheelhouse .
+  wheels=(build/wheelhouse/jax_aiter-*.whl)
+  [ ${#wheels[@]} -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "plain.sh: expected one wheel in build/wheelhouse" >&2; exit 1; }
+  JA_WHEEL="$PWD/${wheels[0]}"
+  export JA_WHEEL
+  # Replace an installed jax-aiter of the same version, then add the test extra's requirements.
+  .venv/bin/python -m pip install -q --force-reinstall --no-deps "$JA_WHEEL"
+  .venv/bin/python -m pip install -q "$JA_WHEEL[test]"
+else
+  # The tasks that build without installing (dev-build, compile-check, build-aiter) use this venv's jax headers.
+  .venv/bin/python -m pip install -q "scikit-build-core>=0.10" "cmake>=3.24" ninja "jax>=0.11.1" numpy ml_dtypes
 fi
 PATH="$PWD/.venv/bin:$PATH" PYTHON="$PWD/.venv/bin/python" exec bash scripts/task.sh "$task" "$@"

@@ -69,3 +69,21 @@ def malformed_calls_survive(cases: list[dict]) -> None:
     outcomes = json.loads(result.stdout.splitlines()[-1].removeprefix("outcomes "))
     accepted = [case for case, outcome in zip(cases, outcomes) if outcome == "succeeded"]
     assert not accepted, f"malformed calls were accepted: {accepted[:3]}"
+
+
+def break_one_slot(case: dict, draw, grow=None) -> dict:
+    """Makes one operand or result of a well-formed FFI call ``case`` wrong: its dtype changed, or one dimension
+    grown. ``grow(side, index, axis, length)`` gives the grown length (default length + 1), for slots where + 1
+    would still be valid. ``draw`` is hypothesis's ``data.draw``."""
+    slots = [(side, i) for side in ("inputs", "outputs") for i in range(len(case[side]))]
+    side, index = draw(st.sampled_from(slots))
+    shape, dtype = case[side][index]
+    if draw(st.booleans()):
+        others = [d for d in ("int32", "uint8", "float32", "bfloat16", "float16") if d != dtype]
+        case[side][index] = [shape, draw(st.sampled_from(others))]
+    else:
+        grown = list(shape)
+        axis = draw(st.integers(0, len(grown) - 1))
+        grown[axis] = grow(side, index, axis, grown[axis]) if grow else grown[axis] + 1
+        case[side][index] = [grown, dtype]
+    return case

@@ -1,11 +1,17 @@
 """silu_and_mul: every implementation against float64 numpy, and the native kernels against the reference on
 the CPU and (marked gpu) a GPU."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import hypothesis
+from hypothesis import strategies as st
+
+import _property
 import jax_aiter
 from jax_aiter import _native
 from jax_aiter.activation import silu_and_mul
@@ -188,3 +194,53 @@ def test_second_order_gradient_equals_the_float64_formula(impl):
     d1 = s * (1 + g * (1 - s))
     d2 = s * (1 - s) * (2 + g * (1 - 2 * s))
     np.testing.assert_allclose(np.asarray(got), np.concatenate([u * d2 + d1, d1], axis=1), rtol=1e-5, atol=1e-6)
+
+
+# --- property-based (slow tier): native == reference within the ulp bound, malformed calls never crash ------------
+
+SILU_PROPERTY_SHAPES = [(1, 2), (3, 2), (1, 66), (5, 34), (0, 8), (4, 512), (2, 3, 96), (1, 16386), (7, 1000)]
+
+
+@functools.cache
+def _jitted_silu(impl):
+    def run(x):
+        with jax_aiter.use_backend(silu_and_mul=impl):
+            return silu_and_mul(x)
+    return jax.jit(run)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_native.load("cpu").problem is not None, reason="no CPU library built")
+@hypothesis.settings(max_examples=3000, deadline=None, suppress_health_check=list(hypothesis.HealthCheck),
+                     phases=(hypothesis.Phase.generate,))
+@hypothesis.given(data=st.data())
+def test_native_silu_and_mul_matches_the_reference_on_generated_inputs(data):
+    shape = data.draw(st.sampled_from(SILU_PROPERTY_SHAPES))
+    dtype = data.draw(st.sampled_from(sorted(_property.DTYPES)))
+    x = data.draw(_property.values(dtype, shape))
+    got, want = np.asarray(_jitted_silu("native")(x), np.float64), np.asarray(_jitted_silu("xla")(x), np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.where(np.isinf(want), got, 0), np.where(np.isinf(want), want, 0))
+    finite = np.isfinite(want)
+    if finite.any():
+        _oracle.assert_close(got[finite], want[finite], _property.DTYPES[dtype], factor=2)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_native.load("cpu").problem is not None, reason="no CPU library built")
+@hypothesis.settings(max_examples=8, deadline=None, phases=(hypothesis.Phase.generate,))
+@hypothesis.given(data=st.data())
+def test_malformed_silu_and_mul_calls_raise_and_never_crash(data):
+    """A well-formed forward or backward call with one operand or result made wrong (dtype, or one dimension grown
+    by one: an odd [gate | up] width, or sizes that disagree); 25 of them per child process."""
+    cases = []
+    for _ in range(25):
+        backward = data.draw(st.booleans())
+        rows, half = data.draw(st.integers(1, 9)), data.draw(st.integers(1, 70))
+        dtype = data.draw(st.sampled_from(["float32", "bfloat16", "float16"]))
+        x, out = [[rows, 2 * half], dtype], [[rows, half], dtype]
+        case = ({"target": "ja_silu_and_mul_bwd", "inputs": [out, x], "outputs": [x], "attrs": {}} if backward
+                else {"target": "ja_silu_and_mul_fwd", "inputs": [x], "outputs": [out], "attrs": {}})
+        _property.break_one_slot(case, data.draw)
+        cases.append(case)
+    _property.malformed_calls_survive(cases)

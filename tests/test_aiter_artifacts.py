@@ -160,15 +160,6 @@ def test_every_loaded_offset_is_a_field_the_launcher_sets_in_the_kernels_unit():
 # --- the real tables through kernel_table.cc and gemm_select.cc --------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def driver(tmp_path_factory) -> Path:
-    if CXX is None:
-        pytest.skip("needs a host C++ compiler")
-    exe = tmp_path_factory.mktemp("driver") / "host_driver"
-    sources = [FIXTURES / "host_driver.cc", REPO / "csrc/aiter/kernel_table.cc", REPO / "csrc/aiter/gemm_select.cc"]
-    subprocess.run([CXX, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{REPO / 'csrc/aiter'}",
-                    *map(str, sources), "-o", str(exe)], check=True)
-    return exe
 
 
 def _write_table(directory: Path, table: str) -> Path:
@@ -186,10 +177,10 @@ def _select(driver: Path, family: str, table: Path, arch: str, queries) -> list[
 
 
 @pytest.mark.parametrize("table", list(USED_TABLES))
-def test_real_tables_parse_and_every_row_is_reachable(driver, tmp_path, table):
+def test_real_tables_parse_and_every_row_is_reachable(host_driver, tmp_path, table):
     path = _write_table(tmp_path, table)
     family = "fp4" if "f4gemm" in table else "bf16"
-    got = _select(driver, family, path, table.split("/")[0], [(256, 256, 1024, 256)])
+    got = _select(host_driver, family, path, table.split("/")[0], [(256, 256, 1024, 256)])
     assert "table_error" not in got[0] and "error" not in got[0], got
     assert any(got[0]["co"] == f"{row[TABLES[table]['columns'].index('co_name')]}" for row in TABLES[table]["rows"])
 
@@ -201,7 +192,7 @@ CUS = {"gfx950": (256,), "gfx942": (304, 80)}  # MI355X; MI300X and MI308X
 
 
 @pytest.mark.parametrize("table", list(USED_TABLES))
-def test_selection_equals_aiters_heuristic(driver, tmp_path, table):
+def test_selection_equals_aiters_heuristic(host_driver, tmp_path, table):
     """gemm_select.cc with the arch walks AITER's unordered_map order and must pick AITER's kernel and split
     everywhere on the grid; without it (file order) it must still follow AITER's rules over that order."""
     arch = table.split("/")[0]
@@ -213,7 +204,7 @@ def test_selection_equals_aiters_heuristic(driver, tmp_path, table):
     map_order = oracle.unordered_map_order(CXX, tmp_path, [arch + r["knl_name"] for r in rows])
     for order, driver_arch in ((map_order, arch), (list(range(len(rows))), "")):
         walked = [rows[i] for i in order]
-        ours = _select(driver, family, path, driver_arch, queries)
+        ours = _select(host_driver, family, path, driver_arch, queries)
         for (m, n, k, cu), got in zip(queries, ours):
             if family == "fp4":
                 index, log2, z = oracle.a4w4(walked, m, n, k, cu)
@@ -227,13 +218,13 @@ def test_selection_equals_aiters_heuristic(driver, tmp_path, table):
                 assert got["grid"][1] == -(-m // got["tile"][0])
 
 
-def test_walk_order_matters_for_aiters_fp4_choice(driver, tmp_path):
+def test_walk_order_matters_for_aiters_fp4_choice(host_driver, tmp_path):
     """Why gemm_select.cc reproduces AITER's unordered_map walk: over file order AITER's comparisons pick other
     kernels for most decode shapes (M=1, N=K=4096 on 256 CUs: 256x128 in file order, 192x128 in AITER's)."""
     table = "gfx950/f4gemm/f4gemm_bf16_per1x32Fp4.csv"
     path = _write_table(tmp_path, table)
-    (walked,) = _select(driver, "fp4", path, "gfx950", [(1, 4096, 4096, 256)])
-    (filed,) = _select(driver, "fp4", path, "", [(1, 4096, 4096, 256)])
+    (walked,) = _select(host_driver, "fp4", path, "gfx950", [(1, 4096, 4096, 256)])
+    (filed,) = _select(host_driver, "fp4", path, "", [(1, 4096, 4096, 256)])
     assert walked["tile"] == [192, 128] and filed["tile"] == [256, 128]
 
 

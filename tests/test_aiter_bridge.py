@@ -52,15 +52,6 @@ needs_git = pytest.mark.skipif(shutil.which("git") is None or shutil.which("nm")
 # --- plain-C++ parts of csrc/aiter, built for the host ----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def host_driver(tmp_path_factory) -> Path:
-    if CXX is None:
-        pytest.skip("needs a host C++ compiler")
-    exe = tmp_path_factory.mktemp("aiter") / "host_driver"
-    sources = [FIXTURES / "host_driver.cc", REPO / "csrc/aiter/kernel_table.cc", REPO / "csrc/aiter/gemm_select.cc"]
-    subprocess.run([CXX, "-std=c++17", "-O0", "-Wall", "-Wextra", "-Werror", f"-I{REPO / 'csrc/aiter'}",
-                    *map(str, sources), "-o", str(exe)], check=True)
-    return exe
 
 
 def select(driver: Path, family: str, table: Path, queries: list[tuple[int, int, int, int]]) -> list[dict]:

@@ -6,6 +6,7 @@ bottom-right-aligned window, softmax, dropout as a given keep mask, and the text
 
 import functools
 
+import _oracle
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from jax_aiter import _backend, use_backend
-from jax_aiter.mha import _cudnn, attention, flash_attn_func, flash_attn_varlen
+from jax_aiter.mha import (_cudnn, attention, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                           flash_attn_varlen, flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                           flash_attn_varlen_qkvpacked_func)
 from jax_aiter.mha._contract import FLASH_ATTN, FLASH_ATTN_VARLEN
 
 F32_TOL = dict(rtol=2e-5, atol=2e-5)
@@ -27,7 +30,7 @@ def rand(shape, seed, dtype=np.float32):
 # --- oracle ----------------------------------------------------------------------------------------------
 
 
-def oracle(q, k, v, *, scale=None, window=(-1, -1), bias=None, alibi=None, keep=None, dropout_p=0.0):
+def oracle(q, k, v, *, scale=None, window=(-1, -1), bias=None, alibi=None, keep=None, dropout_p=0.0, softcap=0.0):
     """Returns (out [B,Sq,Hq,Dv], lse [B,Hq,Sq], probs [B,Hq,Sq,Sk]) in float64."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     batch, sq, hq, dim = q.shape
@@ -50,7 +53,10 @@ def oracle(q, k, v, *, scale=None, window=(-1, -1), bias=None, alibi=None, keep=
     probs = np.zeros((batch, hq, sq, sk))
     for b in range(batch):
         for h in range(hq):
-            s = scale * q[b, :, h] @ k[b, :, h // groups].T + bias[b, h] - alibi[b, h] * np.abs(i - j)
+            s = scale * q[b, :, h] @ k[b, :, h // groups].T
+            if softcap:
+                s = softcap * np.tanh(s / softcap)
+            s = s + bias[b, h] - alibi[b, h] * np.abs(i - j)
             s = np.where(allowed, s, -np.inf)
             for r in range(sq):
                 if np.isneginf(s[r]).all():
@@ -920,3 +926,86 @@ def test_causal_folds_a_right_window_to_zero():
     q, k, v = qkv(sq=6, sk=6, seed=360)
     np.testing.assert_array_equal(np.asarray(flash_attn_func(q, k, v, causal=True, window_size=(2, 3))),
                                   np.asarray(flash_attn_func(q, k, v, window_size=(2, 0))))
+
+
+# --- flash-attn drop-in: softcap, names, packed layouts ---------------------------------------------------------
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_softcap_forward_and_lse_match_oracle(causal):
+    q, k, v = qkv(sq=6, sk=7, seed=400)
+    q = q * 4  # logits large enough that the cap matters
+    out, lse = flash_attn_func(q, k, v, causal=causal, softcap=2.5, bias=rand((6, 7), 401), return_lse=True)
+    want_out, want_lse, _ = oracle(q, k, v, window=(-1, 0) if causal else (-1, -1), softcap=2.5, bias=rand((6, 7), 401))
+    np.testing.assert_allclose(out, want_out, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+    assert not np.allclose(out, flash_attn_func(q, k, v, causal=causal, bias=rand((6, 7), 401)))
+
+
+def test_softcap_gradients_match_central_differences():
+    q, k, v = qkv(batch=1, sq=3, sk=4, hq=2, hk=1, dim=4, seed=410)
+    dout = rand((1, 3, 2, 4), 411)
+
+    def loss64(q64, k64, v64):
+        return float(np.sum(oracle(q64, k64, v64, softcap=1.5)[0] * dout))
+
+    got = jax.grad(lambda q, k, v: jnp.sum(flash_attn_func(q, k, v, softcap=1.5) * dout), argnums=(0, 1, 2))(q, k, v)
+    want = (_oracle.central_difference(lambda x: loss64(x, k, v), q),
+            _oracle.central_difference(lambda x: loss64(q, x, v), k),
+            _oracle.central_difference(lambda x: loss64(q, k, x), v))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-3, atol=1e-4)
+
+
+def test_softcap_in_varlen_equals_per_sequence_calls():
+    q, k, v = varlen_inputs(seed=420)
+    cu = np.array([0, 3, 8], np.int32)
+    out = flash_attn_varlen_func(q[:8], k, v, cu, cu, 5, 5, causal=True, softcap=3.0)
+    for b in range(2):
+        s, e = cu[b], cu[b + 1]
+        np.testing.assert_allclose(out[s:e], flash_attn_func(q[None, s:e], k[None, s:e], v[None, s:e], causal=True,
+                                                             softcap=3.0)[0], **F32_TOL)
+
+
+@pytest.mark.parametrize("softcap, error", [(-1.0, ValueError), (float("inf"), ValueError), ("2", TypeError),
+                                            (np.ones(1), TypeError)])
+def test_softcap_checks(softcap, error):
+    q, k, v = qkv()
+    with pytest.raises(error, match="softcap"):
+        flash_attn_func(q, k, v, softcap=softcap)
+
+
+def test_kernel_implementations_name_why_they_skip_softcap():
+    q = jax.ShapeDtypeStruct((1, 16, 4, 128), jnp.bfloat16)
+    operands, params = attention.flash_attn_call(q, q, q, dropout_p=0.0, softmax_scale=None, causal=True,
+                                                 window_size=(-1, -1), bias=None, alibi_slopes=None,
+                                                 deterministic=False, return_lse=False, dropout_key=None, softcap=30.0)
+    reasons = {i.name: i.unsupported_reason(operands, params) for i in _backend.implementations(FLASH_ATTN)}
+    assert "soft-capping" in reasons["aiter"]
+    assert reasons["xla"] is None
+
+
+def test_packed_layouts_equal_the_unpacked_calls():
+    q, k, v = qkv(sq=6, sk=6, hq=2, hk=2, seed=430)
+    np.testing.assert_array_equal(np.asarray(flash_attn_qkvpacked_func(np.stack([q, k, v], axis=2), causal=True)),
+                                  np.asarray(flash_attn_func(q, k, v, causal=True)))
+    np.testing.assert_array_equal(np.asarray(flash_attn_kvpacked_func(q, np.stack([k, v], axis=2), 0.0, None, True)),
+                                  np.asarray(flash_attn_func(q, k, v, causal=True)))
+    cu = np.array([0, 2, 6], np.int32)
+    qv, kv_, vv = q[0], k[0], v[0]
+    np.testing.assert_array_equal(
+        np.asarray(flash_attn_varlen_qkvpacked_func(np.stack([qv, kv_, vv], axis=1), cu, 4, causal=True)),
+        np.asarray(flash_attn_varlen(qv, kv_, vv, cu, cu, 4, 4, causal=True)))
+    np.testing.assert_array_equal(
+        np.asarray(flash_attn_varlen_kvpacked_func(qv, np.stack([kv_, vv], axis=1), cu, cu, 4, 4, causal=True)),
+        np.asarray(flash_attn_varlen(qv, kv_, vv, cu, cu, 4, 4, causal=True)))
+    with pytest.raises(ValueError, match="qkv must have 3 on axis 2"):
+        flash_attn_qkvpacked_func(np.stack([q, k], axis=2))
+
+
+def test_flash_attn_positional_order_is_flash_attns():
+    """q, k, v, dropout_p, softmax_scale, causal, window_size, softcap: the first eight positions as flash-attn."""
+    q, k, v = qkv(sq=6, sk=6, seed=440)
+    np.testing.assert_array_equal(np.asarray(flash_attn_func(q, k, v, 0.0, 0.5, True, (2, -1), 3.0)),
+                                  np.asarray(flash_attn_func(q, k, v, softmax_scale=0.5, causal=True,
+                                                             window_size=(2, 0), softcap=3.0)))
+    assert flash_attn_varlen_func is flash_attn_varlen

@@ -1,16 +1,19 @@
 """MXFP4 quantization, Hadamard rotation, stochastic rounding and AITER layouts, bit-exact against the
 independent numpy oracle in mxfp4_oracle.py."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import _oracle
+import _property
 import mxfp4_oracle as oracle
 from jax_aiter import _backend, _native, use_backend
 from jax_aiter.gemm_fp4 import (cast_mxfp4, cast_mxfp4_dual, dequantize_mxfp4, quantize_mxfp4, shuffle_fp4,
@@ -538,8 +541,7 @@ def test_documented_worked_block(device, options, scale, data):
     assert np.asarray(got_data)[0].tobytes().hex() == data
 
 
-@settings(max_examples=10, deadline=None,
-                     suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_cast_hypothesis(device, data):
     dtype = data.draw(st.sampled_from(DTYPES))
@@ -610,3 +612,97 @@ def test_no_gradient_flows_through_the_integer_cast_on_every_implementation(impl
         tangent = jax.jvp(lambda x: dequantize_mxfp4(*cast_mxfp4(x)).sum(), (x,), (x,))[1]
     np.testing.assert_array_equal(np.asarray(grad), 0.0)
     assert float(tangent) == 0.0
+
+
+# --- property-based (slow tier): native == reference byte for byte, malformed calls never crash ------------------
+
+# (x shape, options): single casts (rowwise and columnwise) and dual casts, every scale rule, SR, Hadamard and
+# layout, on shapes with one block, odd block counts and partial kernel tiles. A small pool keeps compiles few.
+CAST_PROPERTY_SHAPES = [(1, 32), (3, 96), (32, 32), (33, 64), (64, 160), (5, 1024), (96, 64), (128, 128)]
+CAST_PROPERTY_OPTIONS = [
+    ("single", dict()),
+    ("single", dict(scale_rule="floor", sr_key=3, hadamard=16)),
+    ("single", dict(scale_rule="ceil", hadamard=32, hadamard_key=5, layout="gemm_a")),
+    ("single", dict(columnwise=True, sr_key=2 ** 40 + 1, layout="gemm_b")),
+    ("dual", dict()),
+    ("dual", dict(scale_rule="floor", hadamard_rowwise=32, hadamard_columnwise=16, layout_rowwise="gemm_a",
+                  layout_columnwise="gemm_b")),
+    ("dual", dict(scale_rule="ceil", sr_key=11, hadamard_key=4, hadamard_rowwise=16, index_offset=(32, 64))),
+]
+
+
+def _cast_applies(shape, kind, options):
+    rows, cols = shape
+    views = [(rows, cols, options.get("layout", "plain"))] if kind == "single" and not options.get("columnwise") \
+        else [(cols, rows, options.get("layout", "plain"))] if kind == "single" \
+        else [(rows, cols, options.get("layout_rowwise", "plain")), (cols, rows, options.get("layout_columnwise",
+                                                                                             "plain"))]
+    return all(c % 32 == 0 and (layout != "gemm_b" or (r % 16 == 0 and c % 64 == 0)) for r, c, layout in views)
+
+
+@functools.cache
+def _jitted_cast(impl, kind, option_index):
+    options = dict(CAST_PROPERTY_OPTIONS[option_index][1])
+    if "index_offset" in options:
+        options["index_offset"] = np.asarray(options["index_offset"], np.uint32)
+    fn = cast_mxfp4 if kind == "single" else cast_mxfp4_dual
+
+    def run(x):
+        with use_backend(impl):
+            return fn(x, **options)
+    return jax.jit(run)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_native.load("cpu").problem is not None, reason="no CPU library built")
+@settings(max_examples=4000, deadline=None, suppress_health_check=list(HealthCheck), phases=(Phase.generate,))
+@given(data=st.data())
+def test_native_casts_match_the_reference_byte_for_byte_on_generated_inputs(data):
+    option_index = data.draw(st.integers(0, len(CAST_PROPERTY_OPTIONS) - 1))
+    kind, options = CAST_PROPERTY_OPTIONS[option_index]
+    shape = data.draw(st.sampled_from([s for s in CAST_PROPERTY_SHAPES if _cast_applies(s, kind, options)]))
+    dtype = data.draw(st.sampled_from(sorted(_property.DTYPES)))
+    x = data.draw(_property.values(dtype, shape))
+    assert_same_bytes(jax.tree.map(np.asarray, _jitted_cast("native", kind, option_index)(x)),
+                      jax.tree.map(np.asarray, _jitted_cast("xla", kind, option_index)(x)), f"{dtype} {kind} {options}")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(_native.load("cpu").problem is not None, reason="no CPU library built")
+@settings(max_examples=8, deadline=None, phases=(Phase.generate,))
+@given(data=st.data())
+def test_malformed_cast_calls_raise_and_never_crash(data):
+    """A well-formed ja_cast_mxfp4 call with one thing made wrong: an operand's or result's dtype or a dimension,
+    a key of the wrong length, or an attribute out of range; 25 of them per child process."""
+    cases = []
+    for _ in range(25):
+        m, k = 32 * data.draw(st.integers(1, 4)), 32 * data.draw(st.integers(1, 4))
+        dtype = data.draw(st.sampled_from(["float32", "bfloat16", "float16"]))
+        words = [[2], "uint32"]
+        case = {"target": "ja_cast_mxfp4", "inputs": [[[m, k], dtype], words, words, words],
+                "outputs": [[[m, k // 2], "uint8"], [[m, k // 32], "uint8"], [[0, 0], "uint8"], [[0, 0], "uint8"]],
+                "attrs": dict(rowwise=True, columnwise=False, scale_rule="even", stochastic=False,
+                              hadamard_rowwise=0, hadamard_columnwise=0, hadamard_signs=False,
+                              layout_rowwise="plain", layout_columnwise="plain")}
+        what = data.draw(st.sampled_from(["x dtype", "key", "data", "scales", "unrequested", "rule", "hadamard",
+                                          "layout", "nothing requested"]))
+        if what == "x dtype":
+            case["inputs"][0][1] = data.draw(st.sampled_from(["int32", "uint8"]))
+        elif what == "key":
+            case["inputs"][data.draw(st.integers(1, 3))] = [[data.draw(st.sampled_from([1, 3]))], "uint32"]
+        elif what in ("data", "scales"):
+            index = 0 if what == "data" else 1
+            shape = case["outputs"][index][0]
+            case["outputs"][index] = [[shape[0], shape[1] + 1], "uint8"]
+        elif what == "unrequested":
+            case["outputs"][2] = [[k, m // 2], "uint8"]
+        elif what == "rule":
+            case["attrs"]["scale_rule"] = "nearest"
+        elif what == "hadamard":
+            case["attrs"]["hadamard_rowwise"] = data.draw(st.sampled_from([8, -16, 64]))
+        elif what == "layout":
+            case["attrs"]["layout_rowwise"] = "gemm_c"
+        else:
+            case["attrs"]["rowwise"] = False
+        cases.append(case)
+    _property.malformed_calls_survive(cases)

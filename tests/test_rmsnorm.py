@@ -406,18 +406,11 @@ def test_malformed_rms_norm_calls_raise_and_never_crash(data):
         rows, cols = data.draw(st.integers(2, 9)), data.draw(st.integers(2, 70))
         dtype = data.draw(st.sampled_from(["float32", "bfloat16", "float16"]))
         case = _norm_call(target, rows, cols, dtype, data.draw(st.integers(1, rows)))
-        slots = [("inputs", i) for i in range(len(case["inputs"]))] + [("outputs", i) for i in range(len(case["outputs"]))]
-        side, index = data.draw(st.sampled_from(slots))
-        shape, slot_dtype = case[side][index]
-        if data.draw(st.booleans()):
-            case[side][index] = [shape, data.draw(st.sampled_from(
-                [d for d in ("int32", "uint8", "float32", "bfloat16", "float16") if d != slot_dtype]))]
-        else:
-            grown = list(shape)
-            axis = data.draw(st.integers(0, len(grown) - 1))
+
+        def grow(side, index, axis, length, target=target, rows=rows):
             # The workspace may have any 1..rows blocks: only more than rows is wrong there.
-            grown[axis] = rows + 1 if (target, side, index, axis) == ("ja_rms_norm_bwd", "outputs", 2, 0) \
-                else grown[axis] + 1
-            case[side][index] = [grown, slot_dtype]
+            return rows + 1 if (target, side, index, axis) == ("ja_rms_norm_bwd", "outputs", 2, 0) else length + 1
+
+        _property.break_one_slot(case, data.draw, grow)
         cases.append(case)
     _property.malformed_calls_survive(cases)

@@ -116,19 +116,25 @@ def _git(cwd: Path, *args: str) -> str:
     return result.stdout.strip()
 
 
-def pinned_commit() -> str | None:
-    """The commit this project's index pins for the submodule (its gitlink); None without one (e.g. a source
-    archive), in which case the checkout's own commit is recorded."""
+def pinned_commit() -> str:
+    """The commit this project pins for the submodule: its gitlink in a git checkout; in a source archive, which has
+    none (the sdist the conda recipe builds from), the commit the runtime validates assets against,
+    ``manifest.PINNED_AITER_COMMIT`` (tests keep the two equal)."""
     try:
         line = _git(checkout_root(), "ls-files", "--stage", "--", SUBMODULE)
     except BuildError:
-        return None
+        line = ""
     fields = line.split()
-    return fields[1] if len(fields) >= 2 and fields[0] == "160000" else None
+    return fields[1] if len(fields) >= 2 and fields[0] == "160000" else manifest.PINNED_AITER_COMMIT
 
 
 def aiter_commit(aiter: Path, pinned: str | None) -> str:
-    """The checkout's commit, refused when it is not the pinned one; local edits make it ``<sha>+dirty.<hash>``."""
+    """The checkout's commit, refused when it is not the pinned one; local edits make it ``<sha>+dirty.<hash>``.
+
+    A checkout without git metadata is taken to be the pinned commit: it is a copy made by a tool that fetched
+    exactly that commit (the conda recipe's git source, whose ``rev`` is the pinned commit)."""
+    if pinned is not None and not (aiter / ".git").exists():
+        return pinned
     head = _git(aiter, "rev-parse", "HEAD")
     if pinned is not None and head != pinned:
         raise BuildError(f"{aiter} is at {head} but the project pins {pinned}: run "

@@ -1,7 +1,7 @@
 // AITER's kernel tables: one CSV per code-object family (hsa/<arch>/<family>/*.csv), one row per kernel.
 //
-// The CSV header is the contract, not the column order: AITER has renamed and added columns over time
-// (tile_M vs tileM, bpreshuffle vs bPreshuffle, subK, bias and persistent appearing later), so columns are
+// The CSV header is the contract, not the column order: AITER's table versions differ in column names (tile_M vs
+// tileM, bpreshuffle vs bPreshuffle) and in which columns exist (subK, bias, persistent), so columns are
 // matched by name, ignoring case and underscores, and absent optional columns read as 0. Plain C++ (no HIP):
 // the same parser runs in the ROCm handlers and in the CPU tests.
 #pragma once

@@ -135,6 +135,8 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, options: A
 def _supports(q, k, v, options: AttentionOptions) -> str | None:
     if np.dtype(q.dtype) not in tuple(np.dtype(d) for d in DTYPES):
         return f"AITER's attention kernels take bfloat16 or float16, got {np.dtype(q.dtype)}"
+    if options.softcap > 0:
+        return "logit soft-capping is not wired to AITER's soft-cap argument"
     if options.has_bias or options.has_alibi:
         return "additive bias and ALiBi are not wired to AITER's bias arguments"
     if options.dropout_p > 0:

@@ -67,6 +67,16 @@ def check_softmax_scale(softmax_scale: Any, head_dim: int) -> float:
     return core.check_positive_float("softmax_scale", softmax_scale)
 
 
+def check_softcap(softcap: Any) -> float:
+    """0 (no soft-capping) or a positive finite float."""
+    if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
+        raise TypeError(f"softcap must be a static Python float, got {_describe(softcap)}")
+    softcap = float(softcap)
+    if not (softcap >= 0 and math.isfinite(softcap)):
+        raise ValueError(f"softcap must be 0 (off) or a positive finite float, got {softcap}")
+    return softcap
+
+
 def check_window(window_size: Any, causal: bool, span: int) -> tuple[int, int]:
     """``(left, right)`` in canonical form: −1 for an unbounded side. As in flash-attn, any negative side is
     unbounded and ``causal=True`` folds the window to ``(left, 0)``. A side of ``span`` (Sq + Sk, or the two

@@ -22,7 +22,8 @@ FLASH_ATTN_VARLEN = "flash_attn_varlen"
 class AttentionOptions:
     """The static part of an attention call, canonical (checked) form.
 
-    ``window`` is ``(left, right)`` with −1 for an unbounded side (causal is ``right = 0``).
+    ``window`` is ``(left, right)`` with −1 for an unbounded side (causal is ``right = 0``). ``softcap`` > 0
+    soft-caps the scaled logits to ``softcap·tanh(logits / softcap)``; 0 leaves them as they are.
     ``max_seqlen_q/k`` are set for ``flash_attn_varlen`` only.
     """
 
@@ -33,6 +34,7 @@ class AttentionOptions:
     dropout_p: float
     deterministic: bool
     return_lse: bool
+    softcap: float = 0.0
     max_seqlen_q: int | None = None
     max_seqlen_k: int | None = None
 

@@ -102,6 +102,8 @@ def _common_reason(q, k, v, options: AttentionOptions) -> str | None:
         return "cuDNN needs v's head dim equal to q's"
     if options.has_alibi:
         return "cuDNN has no ALiBi"
+    if options.softcap > 0:
+        return "jax.nn.dot_product_attention has no logit soft-capping"
     if options.dropout_p > 0:
         return "jax.nn.dot_product_attention exposes no cuDNN dropout"
     if options.return_lse:

@@ -32,6 +32,7 @@ def flash_attn_func(
     softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
     bias: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
     deterministic: bool = False,
@@ -47,6 +48,8 @@ def flash_attn_func(
         a right window given with it is folded to 0 (as flash-attn does).
       window_size: ``(left, right)``: query i sees keys i + Sk - Sq - left <= j <= i + Sk - Sq + right;
         a negative side leaves that side unbounded.
+      softcap: when > 0, the scaled logits become ``softcap·tanh(logits / softcap)`` (Gemma-style soft-capping,
+        before bias, ALiBi and masks, as flash-attn does); 0 (the default) leaves them unchanged.
       bias: added to the logits, broadcastable (numpy rules) to ``[B, Hq, Sq, Sk]``; differentiable.
       alibi_slopes: float32 ``[Hq]`` or ``[B, Hq]``; adds ``−slope·|i + Sk − Sq − j|`` to the logits.
       deterministic: require a backward pass with a fixed reduction order (implementations that cannot
@@ -61,7 +64,7 @@ def flash_attn_func(
     Returns ``out [B, Sq, Hq, Dv]`` in q's dtype, or ``(out, lse)``.
     """
     operands, params = flash_attn_call(q, k, v, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
-                                       window_size=window_size, bias=bias, alibi_slopes=alibi_slopes,
+                                       window_size=window_size, softcap=softcap, bias=bias, alibi_slopes=alibi_slopes,
                                        deterministic=deterministic, return_lse=return_lse, dropout_key=dropout_key)
     return _backend.dispatch(FLASH_ATTN, *operands, **params)
 
@@ -78,6 +81,7 @@ def flash_attn_varlen(
     softmax_scale: float | None = None,
     causal: bool = False,
     window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
     bias: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
     deterministic: bool = False,
@@ -97,13 +101,51 @@ def flash_attn_varlen(
     """
     operands, params = flash_attn_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=dropout_p,
-        softmax_scale=softmax_scale, causal=causal, window_size=window_size, bias=bias, alibi_slopes=alibi_slopes,
-        deterministic=deterministic, return_lse=return_lse, dropout_key=dropout_key)
+        softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap, bias=bias,
+        alibi_slopes=alibi_slopes, deterministic=deterministic, return_lse=return_lse, dropout_key=dropout_key)
     return _backend.dispatch(FLASH_ATTN_VARLEN, *operands, **params)
 
 
+# flash-attn's names for the same functions, and its packed layouts (q, k, v stacked on one axis).
+flash_attn_varlen_func = flash_attn_varlen
+
+
+def _unstack(name: str, packed: Any, rank: int, count: int) -> tuple[jax.Array, ...]:
+    shape = _checks.core.check_rank(name, packed, rank)
+    axis = rank - 3
+    if shape[axis] != count:
+        raise ValueError(f"{name} must have {count} on axis {axis} ({'q, k, v' if count == 3 else 'k, v'} stacked), "
+                         f"got shape {shape}")
+    packed = jnp.asarray(packed)
+    return tuple(jnp.take(packed, i, axis=axis) for i in range(count))
+
+
+def flash_attn_qkvpacked_func(qkv: jax.Array, *args: Any, **kwargs: Any):
+    """:func:`flash_attn_func` on qkv ``[B, S, 3, H, D]``; further arguments as there."""
+    return flash_attn_func(*_unstack("qkv", qkv, 5, 3), *args, **kwargs)
+
+
+def flash_attn_kvpacked_func(q: jax.Array, kv: jax.Array, *args: Any, **kwargs: Any):
+    """:func:`flash_attn_func` on q ``[B, Sq, Hq, D]`` and kv ``[B, Sk, 2, Hk, D]``; further arguments as there."""
+    return flash_attn_func(q, *_unstack("kv", kv, 5, 2), *args, **kwargs)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv: jax.Array, cu_seqlens: jax.Array, max_seqlen: int, *args: Any,
+                                     **kwargs: Any):
+    """:func:`flash_attn_varlen` on qkv ``[T, 3, H, D]`` with one set of offsets for q and k."""
+    q, k, v = _unstack("qkv", qkv, 4, 3)
+    return flash_attn_varlen(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, *args, **kwargs)
+
+
+def flash_attn_varlen_kvpacked_func(q: jax.Array, kv: jax.Array, cu_seqlens_q: jax.Array, cu_seqlens_k: jax.Array,
+                                    max_seqlen_q: int, max_seqlen_k: int, *args: Any, **kwargs: Any):
+    """:func:`flash_attn_varlen` on q ``[Tq, Hq, D]`` and kv ``[Tk, 2, Hk, D]``; further arguments as there."""
+    k, v = _unstack("kv", kv, 4, 2)
+    return flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *args, **kwargs)
+
+
 def flash_attn_call(q, k, v, *, dropout_p, softmax_scale, causal, window_size, bias, alibi_slopes, deterministic,
-                    return_lse, dropout_key) -> tuple[tuple, dict[str, Any]]:
+                    return_lse, dropout_key, softcap=0.0) -> tuple[tuple, dict[str, Any]]:
     """The checked operands and static parameters :func:`flash_attn_func` dispatches (for backend queries)."""
     _checks.check_qkv(q, k, v, rank=4)
     batch, seqlen_q, q_heads, head_dim = q.shape
@@ -113,13 +155,13 @@ def flash_attn_call(q, k, v, *, dropout_p, softmax_scale, causal, window_size, b
     optional, params = _common(batch, q_heads, head_dim, seqlen_q + seqlen_k, bias=bias, bias_shape=bias_shape,
                                dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                window_size=window_size, alibi_slopes=alibi_slopes, deterministic=deterministic,
-                               return_lse=return_lse, dropout_key=dropout_key)
+                               return_lse=return_lse, dropout_key=dropout_key, softcap=softcap)
     return (*_as_jax(q, k, v), *optional), params
 
 
 def flash_attn_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *, dropout_p,
                            softmax_scale, causal, window_size, bias, alibi_slopes, deterministic, return_lse,
-                           dropout_key) -> tuple[tuple, dict[str, Any]]:
+                           dropout_key, softcap=0.0) -> tuple[tuple, dict[str, Any]]:
     """The checked operands and static parameters :func:`flash_attn_varlen` dispatches (for backend queries)."""
     _checks.check_qkv(q, k, v, rank=3)
     batch = _checks.check_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
@@ -132,7 +174,7 @@ def flash_attn_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     optional, params = _common(batch, q_heads, head_dim, max_seqlen_q + max_seqlen_k, bias=bias,
                                bias_shape=bias_shape, dropout_p=dropout_p, softmax_scale=softmax_scale, causal=causal,
                                window_size=window_size, alibi_slopes=alibi_slopes, deterministic=deterministic,
-                               return_lse=return_lse, dropout_key=dropout_key)
+                               return_lse=return_lse, dropout_key=dropout_key, softcap=softcap)
     params = {"options": dataclasses.replace(params["options"], max_seqlen_q=max_seqlen_q,
                                              max_seqlen_k=max_seqlen_k)}
     cu_q, cu_k = _as_jax(cu_seqlens_q, cu_seqlens_k)
@@ -142,7 +184,7 @@ def flash_attn_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 
 def _common(batch, q_heads, head_dim, window_span, *, bias, bias_shape, dropout_p, softmax_scale, causal, window_size,
-            alibi_slopes, deterministic, return_lse, dropout_key):
+            alibi_slopes, deterministic, return_lse, dropout_key, softcap):
     """Checks shared by both layouts, then (all checks passed) the canonical forms: the bias at the rank of
     its target (``bias_shape``), slopes as ``[B, Hq]``, the dropout seed, and the static parameters."""
     causal = _checks.check_flag("causal", causal)
@@ -150,6 +192,7 @@ def _common(batch, q_heads, head_dim, window_span, *, bias, bias_shape, dropout_
     return_lse = _checks.check_flag("return_lse", return_lse)
     window = _checks.check_window(window_size, causal, window_span)
     softmax_scale = _checks.check_softmax_scale(softmax_scale, head_dim)
+    softcap = _checks.check_softcap(softcap)
     dropout_p = _checks.check_dropout(dropout_p, dropout_key)
     if alibi_slopes is not None:
         _checks.check_alibi_slopes(alibi_slopes, batch, q_heads)
@@ -159,7 +202,7 @@ def _common(batch, q_heads, head_dim, window_span, *, bias, bias_shape, dropout_
     dropout_seed = _dropout_seed(dropout_key) if dropout_p > 0 else None
     options = AttentionOptions(softmax_scale=softmax_scale, window=window, has_bias=bias is not None,
                                has_alibi=alibi_slopes is not None, dropout_p=dropout_p, deterministic=deterministic,
-                               return_lse=return_lse)
+                               return_lse=return_lse, softcap=softcap)
     return pack_optional(bias, alibi_slopes, dropout_seed), {"options": options}
 
 
@@ -181,7 +224,8 @@ def _dropout_seed(dropout_key: jax.Array) -> jax.Array:
 def _xla_flash_attn(q, k, v, *optional, options: AttentionOptions):
     bias, alibi_slopes, dropout_seed = options.unpack(optional)
     out, lse = ref.attention(q, k, v, bias=bias, alibi_slopes=alibi_slopes, dropout_seed=dropout_seed,
-                             softmax_scale=options.softmax_scale, window=options.window, dropout_p=options.dropout_p)
+                             softmax_scale=options.softmax_scale, softcap=options.softcap, window=options.window,
+                             dropout_p=options.dropout_p)
     return (out, lse) if options.return_lse else out
 
 
@@ -190,7 +234,7 @@ def _xla_flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, optio
     bias, alibi_slopes, dropout_seed = options.unpack(optional)
     out, lse = ref.attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, bias=bias, alibi_slopes=alibi_slopes,
                                     dropout_seed=dropout_seed, softmax_scale=options.softmax_scale,
-                                    window=options.window, dropout_p=options.dropout_p)
+                                    softcap=options.softcap, window=options.window, dropout_p=options.dropout_p)
     return (out, lse) if options.return_lse else out
 
 

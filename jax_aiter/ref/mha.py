@@ -1,6 +1,7 @@
 """Attention reference: it defines the numerics of ``jax_aiter.mha`` (see docs/attention.md).
 
-Logits are ``softmax_scale·q·kᵀ + bias + alibi`` in float32, masked by the bottom-right-aligned window; the
+Logits are ``softcap·tanh(softmax_scale·q·kᵀ / softcap) + bias + alibi`` in float32 (without the tanh when
+``softcap`` is 0), masked by the bottom-right-aligned window; the
 softmax, dropout and the product with v are float32 too, and the output is rounded once to q's dtype.
 A query row that may see no key gets output 0 and lse −inf, and no gradient flows through it. Masked means
 absent: keys and values a query may not see (outside its window, in another sequence, past the last offset)
@@ -20,7 +21,7 @@ from jax import lax
 
 # Jitted so that an eager call compiles one program instead of dispatching op by op; inside a caller's jit
 # the inner jit is inlined.
-@functools.partial(jax.jit, static_argnames=("softmax_scale", "window", "dropout_p"))
+@functools.partial(jax.jit, static_argnames=("softmax_scale", "softcap", "window", "dropout_p"))
 def attention(
     q: jax.Array,
     k: jax.Array,
@@ -32,6 +33,7 @@ def attention(
     softmax_scale: float,
     window: tuple[int, int],
     dropout_p: float,
+    softcap: float = 0.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Dense attention. q ``[B, Sq, Hq, D]``, k ``[B, Sk, Hk, D]``, v ``[B, Sk, Hk, Dv]``; bias rank 4,
     broadcastable to ``[B, Hq, Sq, Sk]``; alibi_slopes ``[B, Hq]``; dropout_seed uint32 ``[2]``.
@@ -48,11 +50,12 @@ def attention(
         distance = jnp.abs(query_pos - key_pos).astype(jnp.float32)
         alibi = -_constant_slopes(alibi_slopes)[:, :, None, None] * distance
         additive = alibi if additive is None else additive + alibi
-    return _attend(q, k, v, scale=softmax_scale, allowed=None if allowed is None else allowed[None, None],
+    return _attend(q, k, v, scale=softmax_scale, softcap=softcap,
+                   allowed=None if allowed is None else allowed[None, None],
                    additive=additive, dropout_seed=dropout_seed, dropout_p=dropout_p)
 
 
-@functools.partial(jax.jit, static_argnames=("softmax_scale", "window", "dropout_p"))
+@functools.partial(jax.jit, static_argnames=("softmax_scale", "softcap", "window", "dropout_p"))
 def attention_varlen(
     q: jax.Array,
     k: jax.Array,
@@ -66,6 +69,7 @@ def attention_varlen(
     softmax_scale: float,
     window: tuple[int, int],
     dropout_p: float,
+    softcap: float = 0.0,
 ) -> tuple[jax.Array, jax.Array]:
     """Packed attention. q ``[Tq, Hq, D]``, k ``[Tk, Hk, D]``, v ``[Tk, Hk, Dv]``, cumulative offsets
     ``[B+1]``; bias rank 3, broadcastable to ``[Hq, Tq, Tk]`` (packed coordinates); alibi_slopes ``[B, Hq]``.
@@ -93,7 +97,7 @@ def attention_varlen(
         slopes = _constant_slopes(alibi_slopes)[seq_of_q].T  # [Hq, Tq]
         alibi = (-slopes[:, :, None] * distance)[None]
         additive = alibi if additive is None else additive + alibi
-    out, lse = _attend(q[None], k[None], v[None], scale=softmax_scale, allowed=allowed[None, None],
+    out, lse = _attend(q[None], k[None], v[None], scale=softmax_scale, softcap=softcap, allowed=allowed[None, None],
                        additive=additive, dropout_seed=dropout_seed, dropout_p=dropout_p)
     return out[0], lse[0]
 
@@ -130,7 +134,7 @@ def _grouped(x: jax.Array, kv_heads: int, groups: int) -> jax.Array:
     return x.reshape(x.shape[0], kv_heads, groups, *x.shape[2:])
 
 
-def _attend(q, k, v, *, scale, allowed, additive, dropout_seed, dropout_p):
+def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout_p):
     """Masked softmax attention on ``[B, S, H, D]`` tensors, with MQA/GQA by grouping query heads."""
     batch, sq, q_heads, _ = q.shape
     sk, kv_heads = k.shape[1], k.shape[2]
@@ -147,6 +151,9 @@ def _attend(q, k, v, *, scale, allowed, additive, dropout_seed, dropout_p):
     # HIGHEST keeps float32 products exact on GPUs, where the default would round inputs to TF32/bf16.
     logits = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k32, precision=lax.Precision.HIGHEST)
     logits = logits * scale
+    if softcap > 0:
+        # Soft-capping (Gemma-style) bounds the scaled logits to (-softcap, softcap) before bias and masks.
+        logits = softcap * jnp.tanh(logits / softcap)
     if additive is not None:
         logits = logits + _grouped(additive, kv_heads, groups)
     if allowed is not None:

@@ -1,26 +1,39 @@
 """Checks an installed jax-aiter-core without jax-aiter-mha: `python check_core.py PREFIX`.
 
-Run by the recipe's tests and by tests/test_packaging.py. jax_aiter must be imported from PREFIX, its native CPU
-library must load from there and serve rms_norm (selected and present in the lowered program), the result must
-match the pure-JAX reference, and importing jax_aiter.mha must fail with a message naming jax-aiter-mha.
-Prints what it found as one JSON line.
+Run by the recipe's tests and by tests/test_packaging.py. jax_aiter must be imported from PREFIX (its site-packages
+comes first on the path, whichever Python runs this), every native library there must equal its build record (size
+and sha256 written when CMake installed it), the CPU library must load from there and serve rms_norm (selected and
+present in the lowered program), the result must match the pure-JAX reference, and importing jax_aiter.mha must fail
+with a message naming jax-aiter-mha. Prints what it found as one JSON line.
 """
 
+import hashlib
 import json
 import sys
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-import jax_aiter
-from jax_aiter import _backend, _native, rmsnorm
-from jax_aiter.ref import rmsnorm as norm
-
 prefix = Path(sys.argv[1]).resolve()
+sys.path[:0] = [str(site) for site in sorted(prefix.glob("lib/python*/site-packages"))]
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_aiter  # noqa: E402
+from jax_aiter import _backend, _native, rmsnorm  # noqa: E402
+from jax_aiter.ref import rmsnorm as norm  # noqa: E402
+
 package_dir = Path(jax_aiter.__file__).resolve().parent
 assert package_dir.is_relative_to(prefix), f"jax_aiter imported from {package_dir}, not from {prefix}"
+
+records = {}
+for library in sorted((package_dir / "lib").glob("*.so")):
+    record = json.loads(library.with_name(library.name + ".record").read_text())
+    data = library.read_bytes()
+    assert record == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, \
+        f"{library} differs from its build record {record}"
+    records[library.name] = record["sha256"]
+assert "libjax_aiter_cpu.so" in records, records
 
 x = jax.random.normal(jax.random.key(0), (8, 128), jnp.float32)
 gamma = jax.random.uniform(jax.random.key(1), (128,), jnp.float32, 0.5, 1.5)
@@ -45,4 +58,4 @@ else:
     raise AssertionError("jax_aiter.mha imported although jax-aiter-mha is not installed")
 
 print(json.dumps({"jax_aiter": str(package_dir), "cpu_library": str(library.path), "rms_norm": chosen,
-                  "mha_error": mha_error}))
+                  "mha_error": mha_error, "records": records}))

@@ -1,24 +1,34 @@
 """Checks an installed jax-aiter-mha: `python check_mha.py PREFIX`.
 
-Run by the recipe's tests and by tests/test_packaging.py. jax_aiter.mha must be imported from PREFIX and
-flash_attn_func (causal, grouped-query) must match softmax attention computed here in NumPy.
-Prints what it found as one JSON line.
+Run by the recipe's tests and by tests/test_packaging.py. jax_aiter.mha must be imported from PREFIX (its
+site-packages comes first on the path, whichever Python runs this) and flash_attn_func (causal, grouped-query) must
+match softmax attention computed here in NumPy. Prints what it found as one JSON line.
 """
 
+import hashlib
 import json
 import sys
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-
-import jax_aiter.mha
-from jax_aiter.mha import flash_attn_func
-
 prefix = Path(sys.argv[1]).resolve()
+sys.path[:0] = [str(site) for site in sorted(prefix.glob("lib/python*/site-packages"))]
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_aiter.mha  # noqa: E402
+from jax_aiter.mha import flash_attn_func  # noqa: E402
+
 module_dir = Path(jax_aiter.mha.__file__).resolve().parent
 assert module_dir.is_relative_to(prefix), f"jax_aiter.mha imported from {module_dir}, not from {prefix}"
+
+# The attention libraries of the rocm build equal their build records.
+for library in sorted((module_dir.parent / "lib").glob("libjax_aiter_*mha*.so")):
+    record = json.loads(library.with_name(library.name + ".record").read_text())
+    data = library.read_bytes()
+    assert record == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}, \
+        f"{library} differs from its build record {record}"
 
 batch, seq, q_heads, kv_heads, dim = 2, 16, 4, 2, 32
 keys = jax.random.split(jax.random.key(0), 3)
