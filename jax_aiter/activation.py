@@ -51,8 +51,7 @@ _backend.define_op(
     implementations=(
         # On CUDA, XLA's fusions measured faster than both kernels (forward ~1.35x, backward ~1.35x: read-heavy
         # fusions run above the 1:1 copy rate there; docs/performance.md), so the native implementation runs
-        # XLA's code on CUDA. native_impl.silu_and_mul_xla_forward (XLA forward, backward kernel) remains for
-        # platforms where only the forward loses.
+        # XLA's code on CUDA.
         _backend.Implementation("native", native_impl.silu_and_mul, library=native.LIBRARY,
                                 targets=native_impl.TARGETS,
                                 variants={"cuda": (reverse_mode(ref.silu_and_mul),

@@ -48,20 +48,3 @@ def silu_and_mul(x):
         return reverse_mode(ref.silu_and_mul)(x)
     return _silu_and_mul(x)
 
-
-# XLA's forward with this project's backward kernel, where XLA's fusion of the forward measured faster than the
-# forward kernel (NVIDIA H200, docs/performance.md): XLA reads the two input streams and writes one at ~1.2x the
-# copy ceiling's rate.
-@jax.custom_vjp
-def _silu_and_mul_xla_forward(x):
-    return ref.silu_and_mul(x)
-
-
-_silu_and_mul_xla_forward.defvjp(lambda x: (ref.silu_and_mul(x), x), lambda x, dout: (_backward_call(dout, x),))
-
-
-def silu_and_mul_xla_forward(x):
-    """:func:`silu_and_mul` with XLA's forward and the backward kernel."""
-    if math.prod(x.shape) == 0:
-        return reverse_mode(ref.silu_and_mul)(x)
-    return _silu_and_mul_xla_forward(x)

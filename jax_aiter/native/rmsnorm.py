@@ -121,17 +121,13 @@ _rms_norm_with_add.defvjp(_rms_norm_with_add_fwd, _rms_norm_with_add_bwd)
 # XLA's forward with this project's backward kernel: where XLA's own fusion of the forward measured faster than
 # the forward kernel (NVIDIA H200, docs/performance.md). The primal is the reference itself; under
 # differentiation the forward also computes 1/rms per row (the backward kernel's residual) in XLA.
-def _xla_forward(x, gamma, *, epsilon):
-    return _forward_reference(x, gamma, epsilon=epsilon)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _rms_norm_xla_forward(x, gamma, epsilon):
     return ref.rms_norm(x, gamma, epsilon=epsilon)
 
 
 def _rms_norm_xla_forward_fwd(x, gamma, epsilon):
-    y, inv_rms = _xla_forward(x, gamma, epsilon=epsilon)
+    y, inv_rms = _forward_reference(x, gamma, epsilon=epsilon)
     return y, (x, gamma, checkpoint_name(inv_rms, INV_RMS_NAME))
 
 
