@@ -1009,3 +1009,74 @@ def test_flash_attn_positional_order_is_flash_attns():
                                   np.asarray(flash_attn_func(q, k, v, softmax_scale=0.5, causal=True,
                                                              window_size=(2, 0), softcap=3.0)))
     assert flash_attn_varlen_func is flash_attn_varlen
+
+
+# --- the chunked reference: blocks of queries, rematerialized in the backward pass ----------------------------
+
+@pytest.fixture
+def small_query_chunk(monkeypatch):
+    from jax_aiter.ref import mha as ref_mha
+
+    monkeypatch.setattr(ref_mha, "QUERY_CHUNK", 4)
+    jax.clear_caches()  # the reference is jitted: retrace it with the small blocks
+    yield
+    jax.clear_caches()
+
+
+@pytest.mark.parametrize("options", [dict(causal=True), dict(window_size=(3, 1)), dict(), dict(softcap=2.0)],
+                         ids=["causal", "window", "full", "softcap"])
+def test_chunked_reference_matches_the_float64_oracle(small_query_chunk, options):
+    """With 4-query blocks, 11 queries take three blocks (the last padded): outputs, lse and gradients still
+    equal the float64 oracle."""
+    q, k, v = qkv(sq=11, sk=9, seed=500)
+    bias = rand((11, 9), 501)
+    window = options.get("window_size", (-1, 0) if options.get("causal") else (-1, -1))
+    out, lse = flash_attn_func(q, k, v, bias=bias, return_lse=True, **options)
+    want_out, want_lse, probs = oracle(q, k, v, window=window, bias=bias, softcap=options.get("softcap", 0.0))
+    np.testing.assert_allclose(out, want_out, **F32_TOL)
+    assert_lse_close(lse, want_lse)
+    if not options.get("softcap"):
+        dout = rand(out.shape, 502)
+        grads = jax.grad(lambda q, k, v: jnp.sum(flash_attn_func(q, k, v, bias=bias, **options) * dout),
+                         argnums=(0, 1, 2))(q, k, v)
+        for got, want in zip(grads, oracle_grads(q, k, v, dout, probs)[:3]):
+            np.testing.assert_allclose(got, want, **GRAD_TOL)
+
+
+def test_chunked_reference_keeps_masked_non_finite_values_out(small_query_chunk):
+    q, k, v = qkv(batch=1, sq=10, sk=10, seed=510)
+    _, v_bad = _poisoned(k, v, "v", np.nan, (0, 6))
+    out = np.asarray(flash_attn_func(q, k, v_bad, causal=True))
+    np.testing.assert_allclose(out[:, :6], np.asarray(flash_attn_func(q, k, v, causal=True))[:, :6], **F32_TOL)
+    assert np.isnan(out[:, 6:]).any(axis=-1).all()
+
+
+def test_chunked_varlen_matches_per_sequence_calls(small_query_chunk):
+    q, k, v = varlen_inputs(seed=520)
+    cu = np.array([0, 3, 8], np.int32)
+    out = flash_attn_varlen(q[:8], k, v, cu, cu, 5, 5, causal=True)
+    for b in range(2):
+        s, e = cu[b], cu[b + 1]
+        np.testing.assert_allclose(out[s:e], flash_attn_func(q[None, s:e], k[None, s:e], v[None, s:e],
+                                                             causal=True)[0], **F32_TOL)
+
+
+def test_reference_backward_memory_grows_linearly_with_the_sequence(monkeypatch):
+    """Gradient of a causal call: the compiled program's scratch memory grows about linearly with the sequence
+    length (blocks of [QUERY_CHUNK, Sk] logits), where the unblocked form grows with its square."""
+    from jax_aiter.ref import mha as ref_mha
+
+    def scratch(length, chunk):
+        monkeypatch.setattr(ref_mha, "QUERY_CHUNK", chunk)
+        jax.clear_caches()
+        q = jax.ShapeDtypeStruct((1, length, 2, 64), jnp.bfloat16)
+        grad = jax.jit(jax.grad(lambda q, k, v: flash_attn_func(q, k, v, causal=True).astype(jnp.float32).sum(),
+                                argnums=(0, 1, 2)))
+        with use_backend(flash_attn="xla"):
+            return grad.lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
+
+    blocked_2k, blocked_4k = scratch(2048, 512), scratch(4096, 512)
+    whole_2k = scratch(2048, 4096)
+    jax.clear_caches()
+    assert blocked_4k < 3 * blocked_2k, (blocked_2k, blocked_4k)
+    assert blocked_2k < whole_2k / 2, (blocked_2k, whole_2k)

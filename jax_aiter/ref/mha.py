@@ -134,8 +134,53 @@ def _grouped(x: jax.Array, kv_heads: int, groups: int) -> jax.Array:
     return x.reshape(x.shape[0], kv_heads, groups, *x.shape[2:])
 
 
+# Queries per block of the chunked form: with more queries than this (and no dropout), each block of queries is
+# attended on its own and recomputed in the backward pass, so neither pass holds the [Sq, Sk] float32 logits of a
+# head at once, only [QUERY_CHUNK, Sk].
+QUERY_CHUNK = 512
+
+
 def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout_p):
-    """Masked softmax attention on ``[B, S, H, D]`` tensors, with MQA/GQA by grouping query heads."""
+    """Masked softmax attention on ``[B, S, H, D]`` tensors, with MQA/GQA by grouping query heads.
+
+    ``allowed`` and ``additive`` are ``[B|1, Hq|1, Sq|1, Sk]``. Long query sequences without dropout are attended
+    in blocks of :data:`QUERY_CHUNK` queries (a ``lax.map`` of a rematerialized block): every query row is computed
+    by the same formulas, equal to the unblocked form up to float32 summation order. With dropout the whole
+    [Sq, Sk] grid is kept, because the dropout mask is drawn over it.
+    """
+    sq = q.shape[1]
+    if dropout_p > 0 or sq <= QUERY_CHUNK:
+        return _attend_block(q, k, v, scale=scale, softcap=softcap, allowed=allowed, additive=additive,
+                             dropout_seed=dropout_seed, dropout_p=dropout_p)
+    chunks = -(-sq // QUERY_CHUNK)
+    pad = chunks * QUERY_CHUNK - sq
+
+    def blocks(x, axis):
+        """x split along ``axis`` (of length Sq, or 1 for a broadcast) into [chunks, ...] blocks of queries."""
+        if x is None or x.shape[axis] == 1:
+            return None
+        x = jnp.pad(x, [(0, pad if a == axis else 0) for a in range(x.ndim)])
+        x = x.reshape(*x.shape[:axis], chunks, QUERY_CHUNK, *x.shape[axis + 1:])
+        return jnp.moveaxis(x, axis, 0)
+
+    # Padded query rows are cut off at the end; they see no key (so they stay finite) when there is a mask.
+    per_block = (blocks(q, 1), blocks(allowed, 2), blocks(additive, 2))
+    whole = (allowed if per_block[1] is None else None, additive if per_block[2] is None else None)
+
+    @jax.checkpoint
+    def block(q_block, allowed_block, additive_block):
+        return _attend_block(q_block, k, v, scale=scale, softcap=softcap,
+                             allowed=whole[0] if allowed_block is None else allowed_block,
+                             additive=whole[1] if additive_block is None else additive_block,
+                             dropout_seed=None, dropout_p=0.0)
+
+    out, lse = lax.map(lambda xs: block(*xs), per_block)
+    out = jnp.moveaxis(out, 0, 1).reshape(q.shape[0], chunks * QUERY_CHUNK, *out.shape[3:])[:, :sq]
+    lse = jnp.moveaxis(lse, 0, 2).reshape(*lse.shape[1:3], chunks * QUERY_CHUNK)[..., :sq]
+    return out, lse
+
+
+def _attend_block(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout_p):
     batch, sq, q_heads, _ = q.shape
     sk, kv_heads = k.shape[1], k.shape[2]
     groups = q_heads // kv_heads
