@@ -87,3 +87,16 @@ def break_one_slot(case: dict, draw, grow=None) -> dict:
         grown[axis] = grow(side, index, axis, grown[axis]) if grow else grown[axis] + 1
         case[side][index] = [grown, dtype]
     return case
+
+
+def assert_same_specials_and_close(got, want, dtype) -> None:
+    """NaN and ±Inf in the same places, and the finite values within the ulp bound of ``dtype``
+    (tests/_oracle.py)."""
+    import _oracle
+
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+    np.testing.assert_array_equal(np.where(np.isinf(want), got, 0), np.where(np.isinf(want), want, 0))
+    finite = np.isfinite(want)
+    if finite.any():
+        _oracle.assert_close(got[finite], want[finite], dtype, factor=2)

@@ -346,15 +346,6 @@ def test_dgamma_over_millions_of_rows(impl, rows):
 NORM_PROPERTY_SHAPES = [(1, 1), (1, 7), (3, 1), (5, 33), (0, 8), (4, 256), (2, 3, 96), (1, 8193), (7, 1000)]
 
 
-def _assert_same_specials_and_close(got, want, dtype):
-    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
-    np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
-    np.testing.assert_array_equal(np.where(np.isinf(want), got, 0), np.where(np.isinf(want), want, 0))
-    finite = np.isfinite(want)
-    if finite.any():
-        _oracle.assert_close(got[finite], want[finite], dtype, factor=2)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(_native.load("cpu").problem is not None, reason="no CPU library built")
 @hypothesis.settings(max_examples=3000, deadline=None, suppress_health_check=list(hypothesis.HealthCheck),
@@ -371,7 +362,7 @@ def test_native_rms_norm_matches_the_reference_on_generated_inputs(data):
     for impl in ("native", "xla"):
         results[impl] = _jitted_norm(impl, fused)(x, gamma, residual)
     for got, want in zip(jax.tree.leaves(results["native"]), jax.tree.leaves(results["xla"])):
-        _assert_same_specials_and_close(got, want, _property.DTYPES[dtype])
+        _property.assert_same_specials_and_close(got, want, _property.DTYPES[dtype])
 
 
 @functools.cache
