@@ -890,6 +890,33 @@ def test_kernel_implementations_take_the_reference_when_keys_or_values_are_not_f
     assert np.isnan(np.asarray(_cudnn.flash_attn(*operands, **params))[:, :3]).any()  # the raw kernel spreads it
     out = np.asarray(jax.jit(lambda *a: declared(*a, **params))(*operands))
     np.testing.assert_array_equal(out[:, :3], np.asarray(flash_attn_func(q, k, v, causal=True))[:, :3])
+    # The gradients are the reference's too: those of a loss on the rows that cannot see the NaN are finite
+    # and equal the clean call's (the poisoned value's own gradient aside).
+    rows = (slice(None), slice(0, 3))
+    _, grads = _loss_and_grads(jax.jit(lambda *a: declared(*a, **params)), q, k, v_bad, rows)
+    _, clean_grads = _loss_and_grads(lambda *a: flash_attn_func(*a, causal=True), q, k, v, rows)
+    _assert_grads_equal_except_at(grads, clean_grads, key_index=(0, 3))
+
+
+def test_kernel_implementations_keep_the_kernels_results_when_everything_is_finite(cudnn_emulated_by_jax_xla):
+    """With finite keys and values the guarded implementation returns the kernel's own output and gradients
+    (bit for bit), and its bias gradient; integer operands get no cotangent."""
+    q, k, v = qkv(batch=1, sq=6, sk=6, seed=331)
+    bias = rand((6, 6), 332)
+    operands, params = attention.flash_attn_call(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True,
+                                                 window_size=(-1, -1), bias=bias, alibi_slopes=None,
+                                                 deterministic=False, return_lse=False, dropout_key=None)
+    declared = next(i for i in _backend.implementations(FLASH_ATTN) if i.name == "cudnn").fn
+    dout = rand(q.shape, 333)
+
+    def value_and_grads(fn):
+        out, vjp = jax.vjp(lambda *a: fn(*a, **params), *operands)
+        return out, *vjp(dout)
+
+    got, want = jax.jit(lambda: value_and_grads(declared))(), jax.jit(lambda: value_and_grads(_cudnn.flash_attn))()
+    assert len(got) == 5  # out, dq, dk, dv, dbias
+    for got_x, want_x in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(got_x), np.asarray(want_x))
 
 
 @pytest.mark.gpu
@@ -904,6 +931,15 @@ def test_cudnn_masked_non_finite_on_cuda():
     bad = np.asarray(fn(q, k, v_bad))
     np.testing.assert_array_equal(bad[:, :64], reference[:, :64])
     assert np.isnan(bad[:, 64:]).any()
+    # and the gradients of a loss on the rows that cannot see it are the reference's, finite
+    loss = lambda q, k, v: jnp.sum(flash_attn_func(q, k, v, causal=True)[:, :64].astype(jnp.float32))  # noqa: E731
+    grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v_bad)
+    with use_backend(flash_attn="xla"):
+        want = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v_bad)
+    for got, expected in zip(grads, want):
+        got, expected = np.asarray(got, np.float32), np.asarray(expected, np.float32)
+        got[:, 64], expected[:, 64] = 0, 0
+        np.testing.assert_array_equal(got, expected)
 
 
 # --- windows in canonical form ------------------------------------------------------------------------------

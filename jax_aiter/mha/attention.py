@@ -266,15 +266,74 @@ def _all_finite(x: jax.Array) -> jax.Array:
 def _reference_unless_finite(kernel, reference):
     """``kernel`` when every key and value is finite, else ``reference``. Masked means absent: a key or value a
     query may not see must not reach its output or gradients, even when it is NaN or Inf, and a kernel that
-    multiplies it by a zero weight would spread the NaN. The reference keeps masked entries out exactly; it is
-    rematerialized in the backward pass, so the kernel path stores only its own residuals."""
+    multiplies it by a zero weight would spread the NaN. The reference keeps masked entries out exactly."""
 
-    def attention(q, k, v, *rest, options: AttentionOptions):
-        finite = _all_finite(k) & _all_finite(v)
-        exact = jax.checkpoint(functools.partial(reference, options=options))
-        return jax.lax.cond(finite, functools.partial(kernel, options=options), exact, q, k, v, *rest)
+    def attention(*operands, options: AttentionOptions):
+        return _guarded(kernel, reference, options, *operands)
 
     return attention
+
+
+# The kernel runs unconditionally and the conditionals only pick results, so the kernel's calls stay outside any
+# branch: an XLA conditional waits on the host for its predicate before it launches a branch, and a branch's
+# residuals would be written out for both branches. The reference, taken only when something is not finite,
+# recomputes its forward in the backward pass, so the kernel path stores only the kernel's own residuals.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _guarded(kernel, reference, options, *operands):
+    return _guarded_fwd(kernel, reference, options, *operands)[0]
+
+
+def _guarded_fwd(kernel, reference, options, *operands):
+    _, k, v = operands[:3]
+    finite = _all_finite(k) & _all_finite(v)
+    out, kernel_vjp = jax.vjp(functools.partial(kernel, options=options), *operands)
+    out = _cond_in_row_major(finite, lambda _, out: out,
+                             lambda operands, _: reference(*operands, options=options), operands, out)
+    return out, (finite, operands, kernel_vjp)
+
+
+def _guarded_bwd(kernel, reference, options, residuals, cotangent):
+    finite, operands, kernel_vjp = residuals
+    # Integer operands (offsets, the dropout seed) have no cotangent; only the others pass the conditional.
+    differentiable = [i for i, x in enumerate(operands) if jnp.issubdtype(x.dtype, jnp.inexact)]
+
+    def kernel_grads(operands, grads):
+        return grads
+
+    def reference_grads(operands, grads):
+        _, vjp = jax.vjp(functools.partial(reference, options=options), *operands)
+        grads = vjp(cotangent)
+        return [grads[i] for i in differentiable]
+
+    grads = kernel_vjp(cotangent)
+    chosen = _cond_in_row_major(finite, kernel_grads, reference_grads, operands,
+                                [grads[i] for i in differentiable])
+    result = [None] * len(operands)
+    for i, grad in zip(differentiable, chosen):
+        result[i] = grad
+    return tuple(result)
+
+
+_guarded.defvjp(_guarded_fwd, _guarded_bwd)
+
+
+def _cond_in_row_major(predicate, true_fn, false_fn, *operands):
+    """``lax.cond`` whose operands and results cross the branch boundary as 1-D arrays. A conditional's results
+    take one layout for both branches, and XLA picks the one the reference's code prefers: the kernel's
+    results were then transposed into it and back on every call (0.5-0.8 ms per attention step on an H200).
+    A 1-D array has a single layout, so any relayout happens inside the rarely taken branch."""
+    leaves, tree = jax.tree.flatten(operands)
+    results = jax.eval_shape(true_fn, *operands)
+    result_leaves, result_tree = jax.tree.flatten(results)
+
+    def branch(fn):
+        def flat_fn(flat_leaves):
+            args = tree.unflatten([x.reshape(leaf.shape) for x, leaf in zip(flat_leaves, leaves)])
+            return [x.reshape(-1) for x in jax.tree.leaves(fn(*args))]
+        return flat_fn
+
+    flat = jax.lax.cond(predicate, branch(true_fn), branch(false_fn), [x.reshape(-1) for x in leaves])
+    return result_tree.unflatten([x.reshape(leaf.shape) for x, leaf in zip(flat, result_leaves)])
 
 
 # --- implementations ----------------------------------------------------------------------------------------
