@@ -10,8 +10,9 @@ import sys
 import jax
 import jax.numpy as jnp
 
-from jax_aiter import gemm_fp4
+from jax_aiter import _native, gemm_fp4, native
 from jax_aiter.benchmark import normal, timed
+from jax_aiter.native import mxfp4 as native_mxfp4
 from jax_aiter.ref import mxfp4 as ref
 
 
@@ -37,6 +38,12 @@ def main(argv):
     xa, xs = gemm_fp4.cast_mxfp4(x, layout="gemm_a")
     wb, ws = gemm_fp4.cast_mxfp4(w, layout="gemm_b")
     time_it("dequantize x, w to bf16", lambda *o: ref._gemm_operands(*o, ref.dequantize_bf16), xa, wb, xs, ws)
+    platform = next((p for p in ("cuda", "rocm") if p in _native.present_platforms()), "cpu")
+    if not _native.load(native.LIBRARY[platform]).problem:
+        time_it("native dequantize x, w to bf16", lambda xa, wb, xs, ws: (
+            native_mxfp4.dequantize_bf16(xa, xs, layout="gemm_a"),
+            native_mxfp4.dequantize_bf16(wb, ws, layout="gemm_b")), xa, wb, xs, ws)
+        time_it("native gemm_fp4 fprop (dequantize + dot)", native_mxfp4.gemm_fp4, xa, wb, xs, ws)
     time_it("gemm_fp4 fprop (dequantize + dot)", ref.gemm_fp4_bf16_operands, xa, wb, xs, ws)
     time_it("gemm_fp4_bf16 fwd", lambda x, w: gemm_fp4.gemm_fp4_bf16(x, w), x, w)
 

@@ -2,6 +2,7 @@
 dequantized operands, gemm_fp4_bf16 and its gradients against the recipe computed by hand with the oracle."""
 
 import dataclasses
+import functools
 import gc
 
 import jax
@@ -9,12 +10,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import _oracle
 import mxfp4_oracle as oracle
 import jax_aiter
 from jax_aiter import _native
 from jax_aiter.gemm_fp4 import (CHECKPOINT_NAMES, MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor,
                                 WeightWorkspace, cast_mxfp4, gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
 from jax_aiter.gemm_fp4._linear import role_sr_key
+from jax_aiter.native import mxfp4 as native_mxfp4
 from jax_aiter.ref import mxfp4 as mxfp4_ref
 
 M, N, K = 40, 64, 128  # M is not a multiple of 32, 64 or 256: every padding path runs
@@ -153,6 +156,87 @@ def test_gemm_fp4_bad_arguments_are_named(call, error, name):
     b, b_scale = random_mxfp4(rng, N, K)
     with pytest.raises(error, match=rf"^{name}\b"):
         call(jnp.asarray(a), jnp.asarray(b), shuffle_scales(jnp.asarray(a_scale)), shuffle_scales(jnp.asarray(b_scale)))
+
+
+# --- the native emulation: ja_dequantize_mxfp4 (csrc/cpu/mxfp4.cc, csrc/gpu/mxfp4.cu) and the same dot ------
+
+
+@pytest.mark.parametrize("layout, rows, cols", [("plain", 296, 544), ("gemm_a", 296, 544), ("gemm_b", 272, 576)])
+def test_native_dequantize_every_byte_under_every_scale(device, layout, rows, cols):
+    """Bit for bit the reference's bf16 of the unshuffled operand. Each row holds all 256 bytes in its first 16
+    blocks, under scale bytes (row + block) % 256, so every byte meets every scale byte (NaN blocks, Inf,
+    subnormals, signed zeros); the shapes leave partial kernel tiles in both directions, and M is ragged."""
+    rng = np.random.default_rng(20)
+    data = rng.integers(0, 256, (rows, cols // 2), dtype=np.uint8)
+    data[:, :256] = np.arange(256, dtype=np.uint8)
+    blocks = cols // 32
+    scales = ((np.arange(rows)[:, None] + np.arange(blocks)[None, :]) % 256).astype(np.uint8)
+    want = np.asarray(jax.jit(mxfp4_ref.dequantize_bf16)(data, scales)).view(np.uint16)
+    operands = [jax.device_put(t, device) for t in mxfp4_ref.to_layout(jnp.asarray(data), jnp.asarray(scales), layout)]
+    got = jax.jit(native_mxfp4.dequantize_bf16, static_argnames="layout")(*operands, layout=layout)
+    assert got.dtype == jnp.bfloat16 and got.shape == (rows, cols)
+    got = np.asarray(got).view(np.uint16)
+    bad = np.argwhere(got != want)
+    assert not len(bad), f"{len(bad)} values differ, first at {bad[:4].tolist()}: {got[tuple(bad[0])]:#06x} " \
+                         f"instead of {want[tuple(bad[0])]:#06x}"
+
+
+@pytest.mark.parametrize("m", [40, 256])
+def test_native_gemm_fp4_is_the_bf16_operand_emulation_bit_for_bit(device, m):
+    """The same exact bf16 operands, then the same dot: the same bits, NaN and Inf included."""
+    rng = np.random.default_rng(21)
+    a, a_scale = random_mxfp4(rng, m, 256, 100, 160)
+    b, b_scale = random_mxfp4(rng, 48, 256, 100, 160)
+    a_scale[3, 2], b_scale[5, 1] = 255, 254  # a NaN block, and a block whose code 7 is Inf in float32
+    operands = [jax.device_put(t, device) for t in (a, shuffle_fp4(jnp.asarray(b)), shuffle_scales(jnp.asarray(a_scale)),
+                                                    shuffle_scales(jnp.asarray(b_scale)))]
+    got = np.asarray(jax.jit(native_mxfp4.gemm_fp4)(*operands)).view(np.uint16)
+    want = np.asarray(jax.jit(mxfp4_ref.gemm_fp4_bf16_operands)(*operands)).view(np.uint16)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_native_gemm_fp4_runs_on_gpus_and_the_cpu_keeps_float32():
+    """Chosen for CUDA and ROCm (without aiter), never for the CPU, whose emulation multiplies in float32."""
+    rng = np.random.default_rng(22)
+    a, a_scale = random_mxfp4(rng, M, K)
+    b, b_scale = random_mxfp4(rng, N, K)
+    args = (jnp.asarray(a), shuffle_fp4(jnp.asarray(b)), shuffle_scales(jnp.asarray(a_scale)),
+            shuffle_scales(jnp.asarray(b_scale)))
+    names = [impl.name for impl in jax_aiter._backend.implementations("gemm_fp4")]
+    assert names.index("native") == names.index("aiter") + 1 and names[-1] == "xla"
+    impl = jax_aiter._backend.implementations("gemm_fp4")[names.index("native")]
+    assert impl.platforms == ("cuda", "rocm") and impl.targets == (native_mxfp4.DEQUANTIZE_TARGET,)
+    assert native_mxfp4.DEQUANTIZE_TARGET not in jax.jit(gemm_fp4).lower(*args).as_text()
+    with jax_aiter.use_backend(gemm_fp4="native"):
+        text = jax.jit(gemm_fp4).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count(native_mxfp4.DEQUANTIZE_TARGET) == 2
+
+
+def test_native_dequantize_errors_raise(device):
+    """Calls the handler rejects raise an exception naming the argument and never crash the process."""
+    bf16, u8 = jnp.bfloat16, jnp.uint8
+    out = jax.ShapeDtypeStruct
+    data = jax.device_put(jnp.zeros((32, 64), u8), device)
+    scales = jax.device_put(jnp.zeros((32, 4), u8), device)
+    padded = jax.device_put(jnp.zeros((256, 8), u8), device)
+    call = functools.partial(_oracle.ffi_call_now, native_mxfp4.DEQUANTIZE_TARGET)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="layout must be plain, gemm_a or gemm_b, got gemm_c"):
+        call(out((32, 128), bf16), data, scales, layout="gemm_c")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="data must be a 2-D uint8 array"):
+        call(out((32, 128), bf16), data.astype(jnp.int8), scales, layout="plain")
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"scales must have shape \[256, 8\]"):
+        call(out((32, 128), bf16), data, scales, layout="gemm_a")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="data in layout gemm_b needs rows % 16 == 0"):
+        call(out((24, 128), bf16), data[:24], padded, layout="gemm_b")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="multiple of 16 bytes per row"):
+        call(out((32, 48), bf16), data[:, :24], scales[:, :1], layout="plain")
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"out must have shape \[32, 128\]"):
+        call(out((32, 64), bf16), data, scales, layout="plain")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="out must be a 2-D bfloat16 array"):
+        call(out((32, 128), jnp.float32), data, scales, layout="plain")
+    # The process is still healthy: a valid call works (scale byte 0, code 0: +0).
+    np.testing.assert_array_equal(np.asarray(call(out((32, 128), bf16), data, padded, layout="gemm_b"),
+                                             np.float32), 0.0)
 
 
 # --- recipe and quantizers --------------------------------------------------------------------------------

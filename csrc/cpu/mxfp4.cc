@@ -1,5 +1,6 @@
-// MXFP4 casts on the CPU (target ja_cast_mxfp4, contract in csrc/include/jax_aiter/mxfp4.h): the
-// rowwise copy of x and/or of x^T, block by block through the shared codec (jax_aiter/mxfp4_codec.h).
+// MXFP4 on the CPU (contracts in csrc/include/jax_aiter/mxfp4.h), block by block through the shared codec
+// (jax_aiter/mxfp4_codec.h): the casts (target ja_cast_mxfp4), the rowwise copy of x and/or of x^T, and the
+// exact dequantization into bf16 (ja_dequantize_mxfp4).
 
 #include <cstdint>
 #include <cstring>
@@ -91,8 +92,33 @@ ffi::Error CastMxfp4(ffi::AnyBuffer x, ffi::Buffer<ffi::U32> sr_key, ffi::Buffer
   });
 }
 
+// Each 32-element block: one scale byte, 16 data bytes (contiguous in every layout), 64 bytes of bf16 out.
+ffi::Error DequantizeMxfp4(ffi::AnyBuffer data, ffi::AnyBuffer scales, ffi::Result<ffi::AnyBuffer> out,
+                           std::string_view layout) {
+  auto planned = plan_dequantize_mxfp4(data, scales, *out, layout);
+  if (planned.has_error()) return planned.error();
+  const Mxfp4DequantizePlan& plan = planned.value();
+  const int64_t blocks = plan.cols / kBlock;
+  for (int64_t r = 0; r < plan.rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const mxfp4::Bf16Table table = mxfp4::bf16_table(plan.scales[mxfp4::scale_offset(plan.layout, r, b, blocks)]);
+      const uint8_t* bytes = plan.data + mxfp4::data_offset(plan.layout, r, b * (kBlock / 2), plan.cols / 2);
+      uint16_t* dst = plan.out + r * plan.cols + b * kBlock;
+      for (int i = 0; i < 4; ++i) {
+        uint32_t word, values[4];
+        std::memcpy(&word, bytes + 4 * i, sizeof(word));
+        mxfp4::dequantize_word_bf16(word, table, values);
+        std::memcpy(dst + 8 * i, values, sizeof(values));
+      }
+    }
+  }
+  return ffi::Error::Success();
+}
+
 }  // namespace
 }  // namespace jax_aiter
 
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaDequantizeMxfp4Cpu, jax_aiter::DequantizeMxfp4,
+                              jax_aiter::bind_dequantize_mxfp4(xla::ffi::Ffi::Bind()));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaCastMxfp4Cpu, jax_aiter::CastMxfp4,
                               jax_aiter::bind_cast_mxfp4(xla::ffi::Ffi::Bind()));

@@ -1,5 +1,6 @@
-// MXFP4 cast FFI handler for CUDA and HIP (kernel in mxfp4.cuh). Same target, operands and
-// validation as the CPU handler (csrc/cpu/mxfp4.cc); the contract is in jax_aiter/mxfp4.h.
+// MXFP4 FFI handlers for CUDA and HIP, the cast and the dequantization into bf16 (kernels in mxfp4.cuh). Same
+// targets, operands and validation as the CPU handlers (csrc/cpu/mxfp4.cc); the contracts are in
+// jax_aiter/mxfp4.h.
 
 #include <limits>
 
@@ -54,8 +55,24 @@ ffi::Error CastMxfp4(gpu::Stream stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U32>
   });
 }
 
+ffi::Error DequantizeMxfp4(gpu::Stream stream, ffi::AnyBuffer data, ffi::AnyBuffer scales,
+                           ffi::Result<ffi::AnyBuffer> out, std::string_view layout) {
+  auto planned = plan_dequantize_mxfp4(data, scales, *out, layout);
+  if (planned.has_error()) return planned.error();
+  const Mxfp4DequantizePlan& plan = planned.value();
+  if (!gpu::aligned16(plan.data) || !gpu::aligned16(plan.out))
+    return ffi::Error::InvalidArgument("dequantize_mxfp4: data and out must be aligned to 16 bytes");
+  if (kernels::dequantize_mxfp4_tiles(plan.rows, plan.cols) > std::numeric_limits<int32_t>::max())
+    return ffi::Error::InvalidArgument("dequantize_mxfp4: data is too large for one launch");
+  const kernels::DequantizeMxfp4Args args{plan.data, plan.scales, plan.out, plan.rows, plan.cols};
+  return gpu_error(kernels::launch_dequantize_mxfp4(args, plan.layout, stream), "dequantize_mxfp4 launch");
+}
+
 }  // namespace
 }  // namespace jax_aiter
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(JaCastMxfp4Gpu, jax_aiter::CastMxfp4,
                               jax_aiter::bind_cast_mxfp4(xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(JaDequantizeMxfp4Gpu, jax_aiter::DequantizeMxfp4,
+                              jax_aiter::bind_dequantize_mxfp4(
+                                  xla::ffi::Ffi::Bind().Ctx<xla::ffi::PlatformStream<jax_aiter::gpu::Stream>>()));

@@ -485,4 +485,78 @@ int64_t cast_mxfp4_tiles(int64_t m, int64_t k) {
   return (m + kCastTileRows - 1) / kCastTileRows * ((k + kCastTileCols<S> - 1) / kCastTileCols<S>);
 }
 
+// --- exact dequantization into bf16 (ja_dequantize_mxfp4) ---------------------------------------------------
+//
+// The output [R, C] bf16 dominates the traffic (4 bytes written per byte read), so the thread mapping serves it:
+// each thread decodes 8 elements (one 4-byte word of data, within one 32-element block) into one 16-byte store,
+// and 8 consecutive threads write 128 contiguous bytes of a row. A block of 256 threads writes a tile of
+// 16 rows x 512 columns: thread t takes the 8 columns 8 * (t % 8) of the 64-column chunk t / 32 and the rows
+// 4j + (t / 8) % 4 for j = 0..3, its four words loaded before any is decoded. Reads stay whole 32-byte
+// sectors in every layout: a plain row gives 32 contiguous bytes per 64 columns, and in the shuffled layout
+// four consecutive rows of a 16-row tile are 64 contiguous bytes for each half of the 64 columns. Each thread
+// reads its block's scale byte (the 4 threads of a block share that load) and turns it into the block's
+// table of 8 magnitudes (mxfp4::bf16_table), which byte_perm then indexes 4 elements at a time.
+
+inline constexpr int kDequantThreads = 256;
+inline constexpr int kDequantTileRows = 16;
+inline constexpr int kDequantTileCols = 512;
+inline constexpr int kDequantSteps = 4;  // rows per thread
+static_assert(kDequantTileRows == 4 * kDequantSteps && kDequantTileCols == 8 * kDequantThreads / 4,
+              "each thread covers 8 columns in 4 rows");
+
+struct DequantizeMxfp4Args {
+  const uint8_t* data;
+  const uint8_t* scales;
+  uint16_t* out;
+  int64_t rows;
+  int64_t cols;
+};
+
+template <mxfp4::Layout kLayout>
+__global__ void __launch_bounds__(kDequantThreads) dequantize_mxfp4_kernel(DequantizeMxfp4Args a) {
+  const int t = static_cast<int>(threadIdx.x);
+  const int64_t col_tiles = (a.cols + kDequantTileCols - 1) / kDequantTileCols;
+  const int64_t tile = blockIdx.x;
+  const int64_t row0 = tile / col_tiles * kDequantTileRows + (t / 8) % 4;
+  const int64_t col = tile % col_tiles * kDequantTileCols + (t / 32) * 64 + (t % 8) * 8;
+  if (col >= a.cols) return;
+  const int64_t blocks = a.cols / mxfp4::kBlock;
+  uint32_t words[kDequantSteps];
+  uint32_t scales[kDequantSteps];
+#pragma unroll
+  for (int j = 0; j < kDequantSteps; ++j) {
+    const int64_t row = row0 + 4 * j;
+    if (row < a.rows) {
+      words[j] = *reinterpret_cast<const uint32_t*>(a.data +
+                                                   mxfp4::data_offset(kLayout, row, col / 2, a.cols / 2));
+      scales[j] = a.scales[mxfp4::scale_offset(kLayout, row, col / mxfp4::kBlock, blocks)];
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < kDequantSteps; ++j) {
+    const int64_t row = row0 + 4 * j;
+    if (row >= a.rows) break;
+    gpu::Vec<uint32_t, 4> values;
+    mxfp4::dequantize_word_bf16(words[j], mxfp4::bf16_table(scales[j]), values.v);
+    gpu::store_global_16(reinterpret_cast<uint32_t*>(a.out + row * a.cols + col), values);
+  }
+}
+
+inline int64_t dequantize_mxfp4_tiles(int64_t rows, int64_t cols) {
+  return (rows + kDequantTileRows - 1) / kDequantTileRows * ((cols + kDequantTileCols - 1) / kDequantTileCols);
+}
+
+// The caller checks that the tiles fit one grid and that data and out are 16-byte aligned.
+inline gpu::Status launch_dequantize_mxfp4(const DequantizeMxfp4Args& a, mxfp4::Layout layout, gpu::Stream stream) {
+  if (a.rows == 0 || a.cols == 0) return gpu::kSuccess;
+  const auto grid = static_cast<unsigned>(dequantize_mxfp4_tiles(a.rows, a.cols));
+  if (layout == mxfp4::Layout::kGemmB)
+    dequantize_mxfp4_kernel<mxfp4::Layout::kGemmB><<<grid, kDequantThreads, 0, stream>>>(a);
+  else if (layout == mxfp4::Layout::kGemmA)
+    dequantize_mxfp4_kernel<mxfp4::Layout::kGemmA><<<grid, kDequantThreads, 0, stream>>>(a);
+  else
+    dequantize_mxfp4_kernel<mxfp4::Layout::kPlain><<<grid, kDequantThreads, 0, stream>>>(a);
+  return gpu::last_error();
+}
+
 }  // namespace jax_aiter::kernels

@@ -1,9 +1,11 @@
 """``gemm_fp4``: the FP4 GEMM on pre-quantized AITER operands, as a dispatched op.
 
-Implementations, declared at the end of this module: ``aiter`` (ROCm gfx950, AITER's ASM a4w4 kernels) and
-``xla``, the emulation: it unshuffles and dequantizes exactly, then on the CPU multiplies in float32, and on GPUs
-(NVIDIA, gfx942) multiplies exact bf16 operands on the matrix units with float32 accumulation; one program gives
-the same answer on every backend up to float32 summation order (docs/mxfp4.md, "The emulated GEMM").
+Implementations, declared at the end of this module: ``aiter`` (ROCm gfx950, AITER's ASM a4w4 kernels), ``native``
+and ``xla``, the emulation: it unshuffles and dequantizes exactly, then on the CPU multiplies in float32, and on
+GPUs (NVIDIA, gfx942) multiplies exact bf16 operands on the matrix units with float32 accumulation; one program
+gives the same answer on every backend up to float32 summation order (docs/mxfp4.md, "The emulated GEMM").
+``native`` is the GPU emulation with both operands dequantized by one kernel each (XLA's unshuffle reads
+16-byte runs in transposed order), bit for bit the same; on the CPU the float32 emulation stays.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jax_aiter import _backend, _checks
+from jax_aiter import _backend, _checks, native
 from jax_aiter.aiter import GEMM_FP4
 from jax_aiter.aiter import LIBRARY as AITER_LIBRARY
 from jax_aiter.aiter import gemm_fp4 as aiter_impl
+from jax_aiter.native import mxfp4 as native_impl
 from jax_aiter.ref import mxfp4 as ref
 
 __all__ = ["gemm_fp4"]
@@ -60,5 +63,7 @@ def _example() -> tuple[tuple, dict]:
 _backend.define_op("gemm_fp4", example=_example, implementations=(
     _backend.Implementation("aiter", aiter_impl.gemm_fp4, platforms=("rocm",), library=AITER_LIBRARY,
                             targets=(GEMM_FP4,), supports=aiter_impl.supports),
+    _backend.Implementation("native", native_impl.gemm_fp4, platforms=("cuda", "rocm"), library=native.LIBRARY,
+                            targets=(native_impl.DEQUANTIZE_TARGET,)),
     _backend.Implementation("xla", jax.jit(ref.gemm_fp4)),
 ))

@@ -1,5 +1,6 @@
-"""The MXFP4 cast ops as this project's kernels (csrc/cpu/mxfp4.cc, csrc/gpu/mxfp4.cu) behind FFI target
-``ja_cast_mxfp4``, byte-for-byte equal to ``jax_aiter.ref.mxfp4``.
+"""The MXFP4 ops as this project's kernels (csrc/cpu/mxfp4.cc, csrc/gpu/mxfp4.cu), byte-for-byte equal to
+``jax_aiter.ref.mxfp4``: the casts behind FFI target ``ja_cast_mxfp4``, and ``gemm_fp4`` as the exact bf16
+dequantization of both AITER operands (``ja_dequantize_mxfp4``) followed by the reference's bf16 dot.
 
 ``jax_aiter.gemm_fp4`` declares the ops and checks every argument before dispatch; these functions take the op
 signature. One FFI target serves both ops: ``cast_mxfp4`` asks for one copy,
@@ -13,10 +14,12 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from jax_aiter.ref import mxfp4 as ref
 
 TARGET = "ja_cast_mxfp4"
+DEQUANTIZE_TARGET = "ja_dequantize_mxfp4"
 _NO_COPY = (jax.ShapeDtypeStruct((0, 0), jnp.uint8), jax.ShapeDtypeStruct((0, 0), jnp.uint8))
 
 
@@ -71,3 +74,18 @@ def cast_mxfp4_dual(x, sr_key, hadamard_key, index_offset, *, scale_rule: str, s
                  stochastic=stochastic, hadamard_rowwise=hadamard_rowwise, hadamard_columnwise=hadamard_columnwise,
                  hadamard_signs=hadamard_signs, layout_rowwise=layout_rowwise, layout_columnwise=layout_columnwise)
 
+
+def dequantize_bf16(data, scales, *, layout: str):
+    """Packed uint8 [R, C/2] and its scales in ``layout`` ("plain", "gemm_a" or "gemm_b") -> bf16 [R, C],
+    row-major: :func:`jax_aiter.ref.mxfp4.dequantize_bf16` of the unshuffled operand, bit for bit."""
+    rows, half_cols = data.shape
+    out = jax.ShapeDtypeStruct((rows, 2 * half_cols), jnp.bfloat16)
+    return jax.ffi.ffi_call(DEQUANTIZE_TARGET, out, vmap_method="sequential")(data, scales, layout=layout)
+
+
+def gemm_fp4(a, b, a_scale, b_scale):
+    """:func:`jax_aiter.ref.mxfp4.gemm_fp4_bf16_operands` with the operands dequantized by the kernel: the same
+    bf16 values, then the same dot, so the same bits."""
+    a_values = dequantize_bf16(a, a_scale, layout="gemm_a")
+    b_values = dequantize_bf16(b, b_scale, layout="gemm_b")
+    return lax.dot_general(a_values, b_values, ref.NT, preferred_element_type=jnp.bfloat16)

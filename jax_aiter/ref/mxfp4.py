@@ -329,14 +329,14 @@ def _gemm_operands(a, b, a_scale, b_scale, dequantize_fn):
     return a_values, b_values
 
 
-_NT = (((1,), (1,)), ((), ()))  # contract both operands' last axes: A . B^T
+NT = (((1,), (1,)), ((), ()))  # contract both operands' last axes: A . B^T
 
 
 def gemm_fp4_float32(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
     """bf16 out[M, N] = A[M, K] . B[N, K]^T from AITER operands (A plain, B and both scales shuffled):
     unshuffle, dequantize exactly into float32, multiply in float32 (``Precision.HIGHEST``)."""
     a_values, b_values = _gemm_operands(a, b, a_scale, b_scale, dequantize)
-    out = lax.dot_general(a_values, b_values, _NT, precision=lax.Precision.HIGHEST,
+    out = lax.dot_general(a_values, b_values, NT, precision=lax.Precision.HIGHEST,
                           preferred_element_type=jnp.float32)
     return out.astype(jnp.bfloat16)
 
@@ -359,7 +359,7 @@ def gemm_fp4_bf16_operands(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_sca
     # Asked for in bf16 directly: XLA's compute type for a bf16 GEMM is float32 (cuBLAS, hipBLASLt), rounded
     # once in the epilogue; no float32 result round-trips through memory. (XLA's CPU backend computes it in
     # float32 and converts.) tests/test_gemm_fp4.py checks the float32 accumulation bit for bit on each device.
-    return lax.dot_general(a_values, b_values, _NT, preferred_element_type=jnp.bfloat16)
+    return lax.dot_general(a_values, b_values, NT, preferred_element_type=jnp.bfloat16)
 
 
 def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:

@@ -142,6 +142,18 @@ __device__ __forceinline__ void store_vec(T* p, const Vec<T, N>& v) {
   *reinterpret_cast<Vec<T, N>*>(p) = v;
 }
 
+// A 16-byte store to global memory that stays one instruction: nvcc can split store_vec's aggregate copy into
+// four 4-byte stores (it does in the MXFP4 dequantization kernel).
+__device__ __forceinline__ void store_global_16(uint32_t* p, const Vec<uint32_t, 4>& v) {
+#if JA_HIP
+  store_vec<4>(p, v);
+#else
+  asm volatile("st.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.v[0]), "r"(v.v[1]), "r"(v.v[2]),
+               "r"(v.v[3])
+               : "memory");
+#endif
+}
+
 // Elements per 16-byte access for a storage type.
 template <typename T>
 inline constexpr int kVec16 = static_cast<int>(16 / sizeof(T));

@@ -1,5 +1,6 @@
-// The FFI contract of target "ja_cast_mxfp4", shared by the CPU handler (csrc/cpu/mxfp4.cc) and the GPU one
-// (csrc/gpu/mxfp4.cu): attributes, the operand binding, operand validation, and the resulting plan (what to write where). One target serves both ops of docs/mxfp4.md:
+// The FFI contracts of targets "ja_cast_mxfp4" and "ja_dequantize_mxfp4", shared by the CPU handlers
+// (csrc/cpu/mxfp4.cc) and the GPU ones (csrc/gpu/mxfp4.cu): attributes, the operand binding, operand validation,
+// and the resulting plan (what to write where). One cast target serves both cast ops of docs/mxfp4.md:
 // cast_mxfp4 asks for one copy, cast_mxfp4_dual for both; a copy that is not asked for has 0-element outputs.
 //
 // Operands: x [M, K] (bf16, fp16, fp32), sr_key uint32[2], hadamard_key uint32[2], index_offset uint32[2]
@@ -7,6 +8,10 @@
 //           a tensor quantizes exactly as the same elements of the whole tensor.
 // Results:  row_data uint8 [M, K/2], row_scales uint8 [M, K/32] (plain) or the padded shuffled shape,
 //           col_data uint8 [K, M/2], col_scales uint8 [K, M/32] or padded: the rowwise copy of x^T.
+//
+// ja_dequantize_mxfp4 (attribute layout: plain, gemm_a or gemm_b, as the cast writes them):
+// Operands: data uint8 [R, C/2], scales uint8 [R, C/32] (plain) or the padded shuffled shape.
+// Result:   out bf16 [R, C], row-major: the exact values (every MXFP4 value is a bf16 value).
 #pragma once
 
 #include <cstdint>
@@ -187,6 +192,68 @@ inline ffi::ErrorOr<Mxfp4CastPlan> plan_cast_mxfp4(const ffi::AnyBuffer& x, cons
                                               &plan.col);
       err.failure())
     return err;
+  return plan;
+}
+
+// --- ja_dequantize_mxfp4 ------------------------------------------------------------------------------------
+
+template <typename Binding>
+auto bind_dequantize_mxfp4(Binding&& binding) {
+  return std::move(binding).template Arg<ffi::AnyBuffer>()
+      .template Arg<ffi::AnyBuffer>()
+      .template Ret<ffi::AnyBuffer>()
+      .template Attr<std::string_view>("layout");
+}
+
+struct Mxfp4DequantizePlan {
+  int64_t rows = 0;
+  int64_t cols = 0;  // elements per row
+  mxfp4::Layout layout = mxfp4::Layout::kPlain;
+  const uint8_t* data = nullptr;
+  const uint8_t* scales = nullptr;
+  uint16_t* out = nullptr;  // bf16 bits
+};
+
+inline ffi::ErrorOr<Mxfp4DequantizePlan> plan_dequantize_mxfp4(const ffi::AnyBuffer& data,
+                                                               const ffi::AnyBuffer& scales, ffi::AnyBuffer& out,
+                                                               std::string_view layout) {
+  using cast_mxfp4_detail::has_shape;
+  auto invalid = [](const std::string& message) {
+    return ffi::Error::InvalidArgument("dequantize_mxfp4: " + message);
+  };
+  Mxfp4DequantizePlan plan;
+  if (!cast_mxfp4_detail::parse_layout(layout, &plan.layout))
+    return invalid("layout must be plain, gemm_a or gemm_b, got " + std::string(layout));
+  if (data.element_type() != ffi::DataType::U8 || data.dimensions().size() != 2)
+    return invalid("data must be a 2-D uint8 array");
+  if (scales.element_type() != ffi::DataType::U8 || scales.dimensions().size() != 2)
+    return invalid("scales must be a 2-D uint8 array");
+  if (out.element_type() != ffi::DataType::BF16 || out.dimensions().size() != 2)
+    return invalid("out must be a 2-D bfloat16 array");
+  plan.rows = data.dimensions()[0];
+  plan.cols = data.dimensions()[1] * 2;
+  if (plan.rows > kMaxRowsOrCols || plan.cols > kMaxRowsOrCols)
+    return invalid("data has more than 2^31 - 1 rows or elements per row");
+  if (plan.cols % mxfp4::kBlock != 0)
+    return invalid("data must have a multiple of 16 bytes per row (32-element blocks), got " +
+                   std::to_string(plan.cols / 2));
+  if (plan.layout == mxfp4::Layout::kGemmB && (plan.rows % 16 != 0 || plan.cols % 64 != 0))
+    return invalid("data in layout gemm_b needs rows % 16 == 0 and a multiple of 32 bytes per row");
+  const int64_t blocks = plan.cols / mxfp4::kBlock;
+  int64_t scale_rows = plan.rows, scale_cols = blocks;
+  if (plan.layout != mxfp4::Layout::kPlain) {
+    scale_rows = mxfp4::padded_scale_rows(plan.rows);
+    scale_cols = mxfp4::padded_scale_cols(blocks);
+  }
+  if (!has_shape(scales, scale_rows, scale_cols))
+    return invalid("scales must have shape [" + std::to_string(scale_rows) + ", " + std::to_string(scale_cols) +
+                   "] for data of shape [" + std::to_string(plan.rows) + ", " + std::to_string(plan.cols / 2) +
+                   "] in layout " + std::string(layout));
+  if (!has_shape(out, plan.rows, plan.cols))
+    return invalid("out must have shape [" + std::to_string(plan.rows) + ", " + std::to_string(plan.cols) + "]");
+  plan.data = data.typed_data<uint8_t>();
+  plan.scales = scales.typed_data<uint8_t>();
+  plan.out = static_cast<uint16_t*>(out.untyped_data());
   return plan;
 }
 

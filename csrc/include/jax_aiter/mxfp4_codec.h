@@ -202,6 +202,85 @@ JA_HOST_DEVICE uint32_t encode(uint32_t bits, const BlockScale& s, bool stochast
   return signed_code(stochastic ? round_stochastic(v, draw) : round_nearest(v), bits);
 }
 
+// --- dequantization into bf16 --------------------------------------------------------------------------
+
+// bf16 bits of E2M1 magnitude code m (0..7) times 2^(s - 127), for a scale byte s < 255, by the reference's
+// rule (_dequantized_bits): every MXFP4 value is a bf16 value, so this is exact, subnormals and Inf included.
+JA_HOST_DEVICE uint32_t dequantized_magnitude_bf16(uint32_t m, uint32_t s) {
+  if (m == 0) return 0;
+  const uint32_t half = m >= 2 ? (m & 1u) : 0u;
+  const int field = (m >= 2 ? static_cast<int>(m >> 1) - 1 : -1) + static_cast<int>(s);
+  if (field >= 255) return 0x7F80u;
+  if (field >= 1) return (static_cast<uint32_t>(field) << 7) | (half << 6);
+  return (2u + half) << (field + 5);  // below 2^-126: field is -1 or 0
+}
+
+// CUDA's __byte_perm with selectors 0..7: byte i of the result is byte (s >> 4i) & 7 of the 8 bytes b:a.
+// HIP's __byte_perm goes through a byte array; the portable form below is what HIP and hosts use.
+JA_HOST_DEVICE uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s) {
+#if defined(__CUDA_ARCH__)
+  return __byte_perm(a, b, s);
+#else
+  const uint64_t bytes = (static_cast<uint64_t>(b) << 32) | a;
+  uint32_t r = 0;
+  JA_UNROLL
+  for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((bytes >> (8 * ((s >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
+  return r;
+#endif
+}
+
+// The 8 bf16 magnitudes of one block's scale byte as byte tables for byte_perm (lo/hi: low/high bytes of the
+// magnitudes of codes 0..3 and 4..7), and where sign bits apply: everywhere but in a NaN block, whose every
+// element is the bf16 NaN 0x7FC0 (the reference ignores the sign there).
+struct Bf16Table {
+  uint32_t lo0123, lo4567, hi0123, hi4567;
+  uint32_t sign_mask;  // 0x80808080 or 0
+};
+
+JA_HOST_DEVICE Bf16Table bf16_table(uint32_t s) {
+  uint32_t pair[4];  // magnitudes of codes 2i (low half) and 2i + 1 (high half)
+  if (s - 2u <= 250u) {
+    // Scale bytes 2..252, the common case: every non-zero magnitude is normal and finite, (s - 1) * 2^7 plus
+    // 0, 128, 192, 256, 320, 384, 448 for codes 1..7 (code << 6 from code 2 on), added to both halves at once.
+    const uint32_t base = ((s - 1u) << 7) * 0x10001u;
+    pair[0] = base & 0xFFFF0000u;
+    pair[1] = base + 0x00C00080u;
+    pair[2] = base + 0x01400100u;
+    pair[3] = base + 0x01C00180u;
+  } else if (s == kNanScale) {
+    pair[0] = pair[1] = pair[2] = pair[3] = 0x7FC07FC0u;
+  } else {
+    JA_UNROLL
+    for (int i = 0; i < 4; ++i)
+      pair[i] = dequantized_magnitude_bf16(2u * i, s) | (dequantized_magnitude_bf16(2u * i + 1u, s) << 16);
+  }
+  Bf16Table t;
+  t.lo0123 = byte_perm(pair[0], pair[1], 0x6420u);
+  t.hi0123 = byte_perm(pair[0], pair[1], 0x7531u);
+  t.lo4567 = byte_perm(pair[2], pair[3], 0x6420u);
+  t.hi4567 = byte_perm(pair[2], pair[3], 0x7531u);
+  t.sign_mask = s == kNanScale ? 0u : 0x80808080u;
+  return t;
+}
+
+// The 8 bf16 values of 4 packed bytes w (little-endian; element j in nibble j) of one block, as 4 words of
+// bf16 pairs: the nibbles' magnitude bits are the byte_perm selectors of 4 elements at a time, the sign bits
+// move to the top of the high bytes, and the low and high bytes interleave into bf16 pairs.
+JA_HOST_DEVICE void dequantize_word_bf16(uint32_t w, const Bf16Table& t, uint32_t (&out)[4]) {
+  const uint32_t sel03 = w & 0x7777u;
+  const uint32_t sel47 = (w >> 16) & 0x7777u;
+  const uint32_t sign_even = (w << 4) & t.sign_mask;  // byte i: the sign of element 2i in its top bit
+  const uint32_t sign_odd = w & t.sign_mask;          // byte i: the sign of element 2i + 1
+  const uint32_t lo03 = byte_perm(t.lo0123, t.lo4567, sel03);
+  const uint32_t hi03 = byte_perm(t.hi0123, t.hi4567, sel03) | byte_perm(sign_even, sign_odd, 0x5140u);
+  const uint32_t lo47 = byte_perm(t.lo0123, t.lo4567, sel47);
+  const uint32_t hi47 = byte_perm(t.hi0123, t.hi4567, sel47) | byte_perm(sign_even, sign_odd, 0x7362u);
+  out[0] = byte_perm(lo03, hi03, 0x5140u);
+  out[1] = byte_perm(lo03, hi03, 0x7362u);
+  out[2] = byte_perm(lo47, hi47, 0x5140u);
+  out[3] = byte_perm(lo47, hi47, 0x7362u);
+}
+
 // --- AITER layouts -----------------------------------------------------------------------------------
 
 // Byte offset of packed byte (row, col) of a [rows, cols] fp4x2 matrix in the (16, 16) shuffled layout:
