@@ -274,10 +274,12 @@ def _reference_unless_finite(kernel, reference):
     return attention
 
 
-# The kernel runs unconditionally and the conditionals only pick results, so the kernel's calls stay outside any
-# branch: an XLA conditional waits on the host for its predicate before it launches a branch, and a branch's
-# residuals would be written out for both branches. The reference, taken only when something is not finite,
-# recomputes its forward in the backward pass, so the kernel path stores only the kernel's own residuals.
+# The forward kernel runs unconditionally and the forward conditional only picks its result or the reference's;
+# the backward conditional runs the kernel's backward or the reference's. Both conditionals are placed so that no
+# large result of the common branch is copied: an XLA conditional's results are fresh buffers, so a branch that
+# passes an array through (as a "pick the kernel's gradients" branch would) copies it. The reference, taken only
+# when something is not finite, recomputes its forward in the backward pass, so the kernel path stores only the
+# kernel's own residuals.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _guarded(kernel, reference, options, *operands):
     return _guarded_fwd(kernel, reference, options, *operands)[0]
@@ -294,20 +296,19 @@ def _guarded_fwd(kernel, reference, options, *operands):
 
 def _guarded_bwd(kernel, reference, options, residuals, cotangent):
     finite, operands, kernel_vjp = residuals
-    # Integer operands (offsets, the dropout seed) have no cotangent; only the others pass the conditional.
+    # Integer operands (offsets, the dropout seed) have no cotangent; only the others leave the conditional.
     differentiable = [i for i, x in enumerate(operands) if jnp.issubdtype(x.dtype, jnp.inexact)]
 
-    def kernel_grads(operands, grads):
-        return grads
+    def kernel_grads(kernel_vjp, operands, cotangent):
+        grads = kernel_vjp(cotangent)
+        return [grads[i] for i in differentiable]
 
-    def reference_grads(operands, grads):
+    def reference_grads(kernel_vjp, operands, cotangent):
         _, vjp = jax.vjp(functools.partial(reference, options=options), *operands)
         grads = vjp(cotangent)
         return [grads[i] for i in differentiable]
 
-    grads = kernel_vjp(cotangent)
-    chosen = _cond_in_row_major(finite, kernel_grads, reference_grads, operands,
-                                [grads[i] for i in differentiable])
+    chosen = _cond_in_row_major(finite, kernel_grads, reference_grads, kernel_vjp, operands, cotangent)
     result = [None] * len(operands)
     for i, grad in zip(differentiable, chosen):
         result[i] = grad
