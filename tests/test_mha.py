@@ -1116,3 +1116,183 @@ def test_reference_backward_memory_grows_linearly_with_the_sequence(monkeypatch)
     jax.clear_caches()
     assert blocked_4k < 3 * blocked_2k, (blocked_2k, blocked_4k)
     assert blocked_2k < whole_2k / 2, (blocked_2k, whole_2k)
+
+
+# --- the reference's products on matrix units ("bf16", its form off the CPU), run here on the CPU ----------------
+
+SPECS = ["bhgqk,bkhd->bqhgd", "bqhgd,bkhd->bhgqk", "bqhgd,bhgqk->bkhd"]  # p·v and two of the backward's
+
+
+def test_bf16_pieces_sum_exactly_to_their_operand():
+    from jax_aiter.ref import mha as ref_mha
+
+    rng = np.random.default_rng(600)
+    # Magnitudes from 2^-103 (the documented exact range) to near float32's largest.
+    x32 = (rng.uniform(1, 2, 4000) * 2.0 ** rng.integers(-103, 126, 4000) * rng.choice([-1, 1], 4000))
+    x32 = np.concatenate([x32, [0.0, -0.0, 1.0 + 2 ** -23, 2 ** -103 * (1 + 2 ** -23)]]).astype(np.float32)
+    x16 = rand((4000,), 601, np.float16) * np.float16(2) ** rng.integers(-14, 14, 4000).astype(np.float16)
+    for x, dtype, count in [(x32, jnp.float32, 3), (x16, jnp.float16, 2), (x32.astype(jnp.bfloat16), jnp.bfloat16, 1)]:
+        pieces = jax.jit(ref_mha._bf16_pieces, static_argnums=1)(jnp.asarray(x), dtype)
+        assert len(pieces) == count and all(p.dtype == jnp.bfloat16 for p in pieces)
+        np.testing.assert_array_equal(sum(np.asarray(p, np.float64) for p in pieces), np.asarray(x, np.float64))
+    special = np.array([np.nan, np.inf, -np.inf], np.float32)
+    pieces = ref_mha._bf16_pieces(jnp.asarray(special), jnp.float32)
+    np.testing.assert_array_equal(np.asarray(pieces[0], np.float32), special)
+    for piece in pieces[1:]:
+        np.testing.assert_array_equal(np.asarray(piece, np.float32), 0.0)
+
+
+def _split_product_and_cotangents(spec, dtypes, a, b, cotangent):
+    from jax_aiter.ref import mha as ref_mha
+
+    product = functools.partial(ref_mha._product, spec, (*dtypes, jnp.float32), products="bf16")
+    out, vjp = jax.vjp(product, a, b)
+    (a_axes, b_axes), out_axes = spec.split("->")[0].split(","), spec.split("->")[1]
+    exact = [(spec, a, b), (f"{out_axes},{b_axes}->{a_axes}", cotangent, b),
+             (f"{out_axes},{a_axes}->{b_axes}", cotangent, a)]
+    return [(np.asarray(got, np.float64), s, np.asarray(x, np.float64), np.asarray(y, np.float64))
+            for got, (s, x, y) in zip((out, *vjp(cotangent)), exact)]
+
+
+SIZES = dict(b=1, h=2, g=2, q=24, k=40, d=8)
+MIXED_DTYPES = [(jnp.float32, jnp.bfloat16), (jnp.float32, jnp.float16), (jnp.bfloat16, jnp.bfloat16),
+                (jnp.float16, jnp.float16)]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("a_dtype,b_dtype", MIXED_DTYPES)
+def test_split_product_and_its_gradients_are_exact_where_float32_sums_are(spec, a_dtype, b_dtype):
+    """float32 operands with 17 significant bits (three non-zero pieces) against small integers: every product
+    and partial sum is exact in float32, so any piece lost or mispaired shows. (The cotangent of a float32
+    operand against another float32 one is a HIGHEST product, not exact here, and left out.)"""
+    rng = np.random.default_rng(610)
+    (a_axes, b_axes), out_axes = spec.split("->")[0].split(","), spec.split("->")[1]
+
+    def operand(axes, dtype):
+        shape = [SIZES[c] for c in axes]
+        if dtype == jnp.float32:
+            return jnp.asarray(rng.integers(-2 ** 17, 2 ** 17, shape) * 2.0 ** -23, jnp.float32)
+        return jnp.asarray(rng.integers(-4, 5, shape), jnp.float32)  # float32 arrays: float32 cotangents
+
+    results = _split_product_and_cotangents(spec, (a_dtype, b_dtype), operand(a_axes, a_dtype),
+                                            operand(b_axes, b_dtype), operand(out_axes, jnp.float32))
+    for i, (got, s, x, y) in enumerate(results):
+        if not (i == 2 and a_dtype == jnp.float32):
+            np.testing.assert_array_equal(got, np.einsum(s, x, y))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("a_dtype,b_dtype", MIXED_DTYPES)
+def test_split_product_and_its_gradients_are_float32_products(spec, a_dtype, b_dtype):
+    """Operands over many binades, every bit of their dtype in use: forward and both cotangents within float32
+    summation error of the float64 product of the same values, |error| <= n·2^-24·(|a|·|b|), n the number of
+    terms summed (the contraction length times the pieces' pairs)."""
+    rng = np.random.default_rng(611)
+    (a_axes, b_axes), out_axes = spec.split("->")[0].split(","), spec.split("->")[1]
+
+    def operand(axes, dtype):
+        x = rng.standard_normal([SIZES[c] for c in axes]) * 2.0 ** rng.integers(-20, 20)
+        return jnp.asarray(np.asarray(jnp.asarray(x, dtype), np.float32))
+
+    results = _split_product_and_cotangents(spec, (a_dtype, b_dtype), operand(a_axes, a_dtype),
+                                            operand(b_axes, b_dtype), operand(out_axes, jnp.float32))
+    for got, s, x, y in results:
+        terms = 9 * np.prod([SIZES[c] for c in s.split("->")[0].split(",")[0] if c not in s.split("->")[1]])
+        bound = terms * 2.0 ** -24 * np.einsum(s, np.abs(x), np.abs(y))
+        assert np.all(np.abs(got - np.einsum(s, x, y)) <= bound)
+
+
+def _reference(q, k, v, products, *, causal=False, softcap=0.0, bias=None, return_lse=False):
+    from jax_aiter.ref import mha as ref_mha
+
+    out, lse = ref_mha.attention(q, k, v, bias=None if bias is None else jnp.asarray(bias)[None, None],
+                                 alibi_slopes=None, dropout_seed=None, softmax_scale=q.shape[-1] ** -0.5,
+                                 window=(-1, 0) if causal else (-1, -1), dropout_p=0.0, softcap=softcap,
+                                 products=products)
+    return (out, lse) if return_lse else out
+
+
+def _assert_within_one_ulp(got, want, dtype):
+    """Rounded once to dtype from float32 values equal up to summation order: equal or one unit apart."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    ulp = np.spacing(np.maximum(np.abs(got), np.abs(want)).astype(dtype)).astype(np.float64)
+    assert np.all(np.abs(got - want) <= ulp)
+    assert np.mean(got == want) > 0.9
+
+
+@pytest.mark.parametrize("dtype,atol,options", [
+    pytest.param(jnp.bfloat16, 2e-2, dict(causal=True, bias=rand((11, 9), 621)), id="bf16-causal-bias"),
+    pytest.param(jnp.bfloat16, 2e-2, dict(softcap=2.0), id="bf16-softcap"),
+    pytest.param(jnp.bfloat16, 2e-2, dict(), id="bf16-full"),
+    pytest.param(jnp.float16, 2e-3, dict(causal=True, bias=rand((11, 9), 621)), id="fp16-causal-bias")])
+def test_bf16_products_match_float32_products_and_the_oracle(small_query_chunk, dtype, atol, options):
+    """Half-precision inputs, in 4-query blocks: outputs and gradients of the matrix-unit form are those of the
+    float32 form up to one rounding of float32 summation differences; lse agrees to float32 precision."""
+    q, k, v = (jnp.asarray(x, dtype) for x in qkv(sq=11, sk=9, dim=16, seed=620))
+    dout = jnp.asarray(rand((2, 11, 4, 16), 622), dtype)
+    results = {}
+    for products in ("bf16", "float32"):
+        call = functools.partial(_reference, products=products, **options)
+        out, lse = call(q, k, v, return_lse=True)
+        grads = jax.grad(lambda q, k, v: jnp.sum(call(q, k, v).astype(jnp.float32) * dout),  # noqa: B023
+                         argnums=(0, 1, 2))(q, k, v)
+        results[products] = (out, lse, *grads)
+    for got, want in zip(results["bf16"], results["float32"]):
+        assert got.dtype == want.dtype
+        if got.dtype == jnp.float32:
+            assert_lse_close(got, np.asarray(want, np.float64))
+        else:
+            _assert_within_one_ulp(got, want, dtype)
+    bias = options.get("bias")
+    want_out, want_lse, probs = oracle(*(np.asarray(x, np.float64) for x in (q, k, v)),
+                                       window=(-1, 0) if options.get("causal") else (-1, -1), bias=bias,
+                                       softcap=options.get("softcap", 0.0))
+    np.testing.assert_allclose(np.asarray(results["bf16"][0], np.float64), want_out, atol=atol, rtol=atol)
+    assert_lse_close(results["bf16"][1], want_lse, rtol=1e-4, atol=1e-4)
+    if not options.get("softcap"):
+        for got, want in zip(results["bf16"][2:], oracle_grads(q, k, v, dout, probs)[:3]):
+            np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=2 * atol, rtol=2 * atol)
+
+
+def test_bf16_products_on_float32_inputs_are_the_float32_form():
+    """float32 inputs: every product has a float32 operand on each side, kept at HIGHEST."""
+    q, k, v = qkv(sq=7, sk=5, seed=630)
+    dout = rand((2, 7, 4, 8), 631)
+    results = [jax.value_and_grad(lambda q, k, v: jnp.sum(_reference(q, k, v, p, causal=True) * dout),  # noqa: B023
+                                  argnums=(0, 1, 2))(q, k, v) for p in ("bf16", "float32")]
+    for got, want in zip(jax.tree.leaves(results[0]), jax.tree.leaves(results[1])):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("value, where", POISONS)
+def test_bf16_products_keep_masked_non_finite_out(value, where):
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in qkv(batch=1, sq=6, sk=6, seed=640))
+    k_bad, v_bad = (jnp.asarray(x, jnp.bfloat16) for x in _poisoned(k, v, where, value, (0, 3)))
+    call = functools.partial(_reference, products="bf16", causal=True)
+    rows = (slice(None), slice(0, 3))
+    clean_out, clean_grads = _loss_and_grads(call, q, k, v, rows)
+    out, grads = _loss_and_grads(call, q, k_bad, v_bad, rows)
+    np.testing.assert_array_equal(np.asarray(out[:, :3], np.float32), np.asarray(clean_out[:, :3], np.float32))
+    assert not np.isfinite(np.asarray(out[:, 3:], np.float32)).all(axis=-1).any()
+    _assert_grads_equal_except_at([np.asarray(g, np.float32) for g in grads],
+                                  [np.asarray(g, np.float32) for g in clean_grads], key_index=(0, 3))
+
+
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
+def test_reference_lowers_to_half_precision_products_for_cuda_and_float32_for_the_cpu(dtype):
+    """The per-platform choice, lowered from here: for CUDA every product (forward and backward, both branches of
+    the non-finite check) multiplies half-precision operands into float32; for the CPU, float32 at HIGHEST."""
+    import re
+
+    q = jax.ShapeDtypeStruct((1, 20, 4, 16), dtype)
+    k = jax.ShapeDtypeStruct((1, 20, 2, 16), dtype)
+    grad = jax.jit(jax.grad(lambda q, k, v: jnp.sum(_reference(q, k, v, "platform", causal=True)
+                                                    .astype(jnp.float32)), argnums=(0, 1, 2)))
+    for platform, operand, precision in [("cuda", r"x(bf16|f16)>", "DEFAULT"), ("cpu", r"xf32>", "HIGHEST")]:
+        text = grad.trace(q, k, k).lower(lowering_platforms=(platform,)).as_text()
+        dots = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+        assert len(dots) >= 6, platform  # q·kᵀ, p·v, and the four of the backward pass
+        for line in dots:
+            operands, result = line.rsplit(":", 1)[1].split("->")
+            assert len(re.findall(operand, operands)) == 2 and result.strip().endswith("xf32>"), line
+            assert re.search(rf"precision = \[{precision}, {precision}\]", line), line
