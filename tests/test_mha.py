@@ -784,12 +784,17 @@ def test_cudnn_matches_reference_on_cuda(case):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
-def test_cudnn_varlen_matches_reference_on_cuda(causal):
+@pytest.mark.parametrize("layout", ["packed", "padded"])
+def test_cudnn_varlen_matches_reference_on_cuda(causal, layout, monkeypatch):
+    """Tokens after the last offset (q and k), and a sequence without keys: outputs and gradients there are 0,
+    as the reference's, on the packed layout (Hopper on) and on the padded one (older GPUs)."""
     _cuda_or_skip()
+    if layout == "padded":
+        monkeypatch.setattr(_cudnn, "_packed_layout_problem", lambda: "padded layout under test")
     cu_q = jnp.asarray([0, 40, 104, 128], jnp.int32)
     cu_k = cu_q if causal else jnp.asarray([0, 64, 64, 100], jnp.int32)
     q = jnp.asarray(rand((130, 8, 64), 110), jnp.bfloat16)
-    k, v = (jnp.asarray(rand((100 if not causal else 130, 2, 64), s), jnp.bfloat16) for s in (111, 112))
+    k, v = (jnp.asarray(rand((110 if not causal else 130, 2, 64), s), jnp.bfloat16) for s in (111, 112))
     options = dict(dropout_p=0.0, softmax_scale=None, causal=causal, window_size=(-1, -1), bias=None,
                    alibi_slopes=None, deterministic=False, return_lse=False, dropout_key=None)
     operands, params = attention.flash_attn_varlen_call(q, k, v, cu_q, cu_k, 64, 64, **options)
@@ -801,6 +806,9 @@ def test_cudnn_varlen_matches_reference_on_cuda(causal):
 
     fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
     assert "__cudnn$fmha" in fn.lower(q, k, v).as_text()
+    capability = tuple(int(p) for p in jax.devices("cuda")[0].compute_capability.split("."))
+    if layout == "packed":
+        assert (_cudnn._packed_layout_problem() is None) == (capability >= (9, 0))
     (_, out), grads = fn(q, k, v)
     with use_backend(flash_attn_varlen="xla"):
         (_, want_out), want_grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))(q, k, v)

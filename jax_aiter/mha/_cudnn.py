@@ -8,6 +8,7 @@ uses JAX's own cuDNN backward rule.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 import re
 
@@ -15,6 +16,11 @@ import jax
 import jax.numpy as jnp
 
 from jax_aiter.mha._contract import AttentionOptions
+
+try:  # jax's cuDNN attention module, for the packed layout jax.nn does not expose
+    from jax._src.cudnn import fused_attention_stablehlo as _private_cudnn
+except ImportError:
+    _private_cudnn = None
 
 _DTYPES = (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
 # XLA flags under which cuDNN's attention backward runs deterministically (XLA's RequireDeterminism).
@@ -34,6 +40,34 @@ def flash_attn(q, k, v, *optional, options: AttentionOptions):
 
 def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, options: AttentionOptions):
     # Optional operands are all rejected by supports_flash_attn_varlen, so only q, k, v and offsets arrive.
+    if _packed_layout_problem() is None:
+        return _packed_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options)
+    return _padded_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options)
+
+
+def _packed_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options: AttentionOptions):
+    """cuDNN's packed (ragged-offset) layout: the tokens stay where they are, no copies.
+
+    Two extra segments cover the tokens after the last offset: the queries there with no keys, and the keys
+    there with no queries. cuDNN writes 0 for outputs and gradients of a segment without keys or queries
+    (checked on an H200, tests/test_mha.py), but leaves rows outside every segment unwritten.
+    """
+    def offsets(cu, extra):
+        return jnp.concatenate([cu, jnp.asarray(extra, cu.dtype)])[None]
+
+    total_q, total_k = q.shape[0], k.shape[0]
+    q_offsets = offsets(cu_seqlens_q, [total_q, total_q])
+    k_offsets = offsets(cu_seqlens_k, [cu_seqlens_k[-1], total_k])
+    causal = options.window == (-1, 0)
+    mask = _private_cudnn.MaskType.PADDING_CAUSAL if causal else _private_cudnn.MaskType.PADDING
+    out = _private_cudnn.dot_product_attention(
+        q[None], k[None], v[None], q_seqlen=jnp.diff(q_offsets), kv_seqlen=jnp.diff(k_offsets),
+        q_offsets=q_offsets, kv_offsets=k_offsets, scale=options.softmax_scale, mask_type=mask)
+    return out[0]
+
+
+def _padded_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options: AttentionOptions):
+    """Before Hopper (no packed layout): through ``[B, max_seqlen, H, D]`` copies and back."""
     len_q = jnp.diff(cu_seqlens_q)
     len_k = jnp.diff(cu_seqlens_k)
     q_pad = _pad(q, cu_seqlens_q, len_q, options.max_seqlen_q)
@@ -214,6 +248,21 @@ def _availability_problem() -> str | None:
         jax.eval_shape(functools.partial(jax.nn.dot_product_attention, implementation="cudnn"), spec, spec, spec)
     except (RuntimeError, NotImplementedError, ValueError) as err:
         return f"cuDNN attention is unavailable in this process: {err}"
+    return None
+
+
+@functools.cache
+def _packed_layout_problem() -> str | None:
+    """Why cuDNN's packed layout cannot serve varlen calls here, or None. jax.nn does not expose it; jax's own
+    cuDNN module (private) does, for Hopper (sm_90) and later."""
+    if _private_cudnn is None or "q_offsets" not in inspect.signature(_private_cudnn.dot_product_attention).parameters:
+        return f"jax {jax.__version__} has no packed cuDNN attention"
+    try:
+        devices = jax.devices("cuda")
+    except RuntimeError:
+        return "no CUDA device"
+    if min(tuple(int(p) for p in d.compute_capability.split(".")) for d in devices) < (9, 0):
+        return "cuDNN's packed layout needs sm_90 or later"
     return None
 
 
