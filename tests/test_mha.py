@@ -937,8 +937,9 @@ def test_cudnn_masked_non_finite_on_cuda():
     with use_backend(flash_attn="xla"):
         reference = np.asarray(jax.jit(lambda q, k, v: flash_attn_func(q, k, v, causal=True))(q, k, v))
     bad = np.asarray(fn(q, k, v_bad))
-    np.testing.assert_array_equal(bad[:, :64], reference[:, :64])
-    assert np.isnan(bad[:, 64:]).any()
+    # equal to the reference up to its float32 summation order, which on GPUs depends on the program's GEMMs
+    _assert_close_bf16(bad[:, :64], reference[:, :64])
+    assert np.isfinite(bad[:, :64]).all() and np.isnan(bad[:, 64:]).any()
     # and the gradients of a loss on the rows that cannot see it are the reference's, finite
     loss = lambda q, k, v: jnp.sum(flash_attn_func(q, k, v, causal=True)[:, :64].astype(jnp.float32))  # noqa: E731
     grads = jax.jit(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v_bad)
@@ -947,7 +948,8 @@ def test_cudnn_masked_non_finite_on_cuda():
     for got, expected in zip(grads, want):
         got, expected = np.asarray(got, np.float32), np.asarray(expected, np.float32)
         got[:, 64], expected[:, 64] = 0, 0
-        np.testing.assert_array_equal(got, expected)
+        assert np.isfinite(got).all()
+        _assert_close_bf16(got, expected)
 
 
 # --- windows in canonical form ------------------------------------------------------------------------------

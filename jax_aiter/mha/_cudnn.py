@@ -48,22 +48,24 @@ def flash_attn_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *optional, options: A
 def _packed_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options: AttentionOptions):
     """cuDNN's packed (ragged-offset) layout: the tokens stay where they are, no copies.
 
-    Two extra segments cover the tokens after the last offset: the queries there with no keys, and the keys
-    there with no queries. cuDNN writes 0 for outputs and gradients of a segment without keys or queries
-    (checked on an H200, tests/test_mha.py), but leaves rows outside every segment unwritten.
+    One extra segment pairs the queries after the last offset with the keys after it, as cuDNN leaves rows
+    outside every segment unwritten. Rows of queries that see no key (that segment's, or a sequence's without
+    keys) are then set to 0: cuDNN may leave them undefined, and with their cotangent zeroed by the same select
+    they contribute nothing to any gradient.
     """
-    def offsets(cu, extra):
-        return jnp.concatenate([cu, jnp.asarray(extra, cu.dtype)])[None]
-
     total_q, total_k = q.shape[0], k.shape[0]
-    q_offsets = offsets(cu_seqlens_q, [total_q, total_q])
-    k_offsets = offsets(cu_seqlens_k, [cu_seqlens_k[-1], total_k])
+    q_offsets = jnp.concatenate([cu_seqlens_q, jnp.asarray([total_q], cu_seqlens_q.dtype)])
+    k_offsets = jnp.concatenate([cu_seqlens_k, jnp.asarray([total_k], cu_seqlens_k.dtype)])
+    len_k = jnp.diff(cu_seqlens_k)
     causal = options.window == (-1, 0)
     mask = _private_cudnn.MaskType.PADDING_CAUSAL if causal else _private_cudnn.MaskType.PADDING
     out = _private_cudnn.dot_product_attention(
-        q[None], k[None], v[None], q_seqlen=jnp.diff(q_offsets), kv_seqlen=jnp.diff(k_offsets),
-        q_offsets=q_offsets, kv_offsets=k_offsets, scale=options.softmax_scale, mask_type=mask)
-    return out[0]
+        q[None], k[None], v[None], q_seqlen=jnp.diff(q_offsets)[None], kv_seqlen=jnp.diff(k_offsets)[None],
+        q_offsets=q_offsets[None], kv_offsets=k_offsets[None], scale=options.softmax_scale, mask_type=mask)[0]
+    sequence = jnp.searchsorted(cu_seqlens_q[1:], jnp.arange(total_q, dtype=cu_seqlens_q.dtype), side="right")
+    batch = len_k.shape[0]
+    sees_keys = (sequence < batch) & (len_k[jnp.clip(sequence, 0, batch - 1)] > 0)
+    return jnp.where(sees_keys[:, None, None], out, 0)
 
 
 def _padded_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options: AttentionOptions):
