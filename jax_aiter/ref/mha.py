@@ -3,8 +3,6 @@
 Logits are ``softcap·tanh(softmax_scale·q·kᵀ / softcap) + bias + alibi`` in float32 (without the tanh when
 ``softcap`` is 0), masked by the bottom-right-aligned window; the
 softmax, dropout and the product with v are float32 too, and the output is rounded once to q's dtype.
-Every matrix product is the exact float32 product of its operands up to float32 summation order: on the CPU at
-``Precision.HIGHEST``, elsewhere as sums of exact bf16 products on matrix units (:func:`_product`).
 A query row that may see no key gets output 0 and lse −inf, and no gradient flows through it. Masked means
 absent: keys and values a query may not see (outside its window, in another sequence, past the last offset)
 reach neither its output nor any gradient, even when they hold NaN or Inf.
@@ -23,7 +21,7 @@ from jax import lax
 
 # Jitted so that an eager call compiles one program instead of dispatching op by op; inside a caller's jit
 # the inner jit is inlined.
-@functools.partial(jax.jit, static_argnames=("softmax_scale", "softcap", "window", "dropout_p", "products"))
+@functools.partial(jax.jit, static_argnames=("softmax_scale", "softcap", "window", "dropout_p"))
 def attention(
     q: jax.Array,
     k: jax.Array,
@@ -36,13 +34,9 @@ def attention(
     window: tuple[int, int],
     dropout_p: float,
     softcap: float = 0.0,
-    products: str = "platform",
 ) -> tuple[jax.Array, jax.Array]:
     """Dense attention. q ``[B, Sq, Hq, D]``, k ``[B, Sk, Hk, D]``, v ``[B, Sk, Hk, Dv]``; bias rank 4,
     broadcastable to ``[B, Hq, Sq, Sk]``; alibi_slopes ``[B, Hq]``; dropout_seed uint32 ``[2]``.
-
-    ``products`` picks how matrix products are computed (:func:`_product`): ``"platform"`` (the default) takes
-    ``"float32"`` on the CPU and ``"bf16"`` elsewhere when the program is lowered.
 
     Returns ``(out [B, Sq, Hq, Dv] in q's dtype, lse [B, Hq, Sq] float32)``.
     """
@@ -58,10 +52,10 @@ def attention(
         additive = alibi if additive is None else additive + alibi
     return _attend(q, k, v, scale=softmax_scale, softcap=softcap,
                    allowed=None if allowed is None else allowed[None, None],
-                   additive=additive, dropout_seed=dropout_seed, dropout_p=dropout_p, products=products)
+                   additive=additive, dropout_seed=dropout_seed, dropout_p=dropout_p)
 
 
-@functools.partial(jax.jit, static_argnames=("softmax_scale", "softcap", "window", "dropout_p", "products"))
+@functools.partial(jax.jit, static_argnames=("softmax_scale", "softcap", "window", "dropout_p"))
 def attention_varlen(
     q: jax.Array,
     k: jax.Array,
@@ -76,14 +70,13 @@ def attention_varlen(
     window: tuple[int, int],
     dropout_p: float,
     softcap: float = 0.0,
-    products: str = "platform",
 ) -> tuple[jax.Array, jax.Array]:
     """Packed attention. q ``[Tq, Hq, D]``, k ``[Tk, Hk, D]``, v ``[Tk, Hk, Dv]``, cumulative offsets
     ``[B+1]``; bias rank 3, broadcastable to ``[Hq, Tq, Tk]`` (packed coordinates); alibi_slopes ``[B, Hq]``.
 
     The packed sequences are attended as one sequence under a block-diagonal mask, so the result is exact for
     any lengths and needs no maximum length. Tokens past ``cu_seqlens[-1]`` belong to no sequence: output 0,
-    lse −inf. ``products`` as in :func:`attention`. Returns ``(out [Tq, Hq, Dv], lse [Hq, Tq] float32)``.
+    lse −inf. Returns ``(out [Tq, Hq, Dv], lse [Hq, Tq] float32)``.
     """
     batch = cu_seqlens_q.shape[0] - 1
     seg_q, pos_q = _segments(cu_seqlens_q, q.shape[0])
@@ -105,7 +98,7 @@ def attention_varlen(
         alibi = (-slopes[:, :, None] * distance)[None]
         additive = alibi if additive is None else additive + alibi
     out, lse = _attend(q[None], k[None], v[None], scale=softmax_scale, softcap=softcap, allowed=allowed[None, None],
-                       additive=additive, dropout_seed=dropout_seed, dropout_p=dropout_p, products=products)
+                       additive=additive, dropout_seed=dropout_seed, dropout_p=dropout_p)
     return out[0], lse[0]
 
 
@@ -147,7 +140,7 @@ def _grouped(x: jax.Array, kv_heads: int, groups: int) -> jax.Array:
 QUERY_CHUNK = 512
 
 
-def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout_p, products):
+def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout_p):
     """Masked softmax attention on ``[B, S, H, D]`` tensors, with MQA/GQA by grouping query heads.
 
     ``allowed`` and ``additive`` are ``[B|1, Hq|1, Sq|1, Sk]``. Long query sequences without dropout are attended
@@ -156,13 +149,9 @@ def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout
     [Sq, Sk] grid is kept, because the dropout mask is drawn over it.
     """
     sq = q.shape[1]
-    # k and v enter the blocks in float32 (tagged with their own dtype, in which they stay exact), so that the
-    # gradients of k and v are summed over the blocks in float32 and rounded once.
-    common = dict(scale=scale, softcap=softcap, dtypes=(k.dtype, v.dtype), products=products)
-    k, v = k.astype(jnp.float32), v.astype(jnp.float32)
     if dropout_p > 0 or sq <= QUERY_CHUNK:
-        return _attend_block(q, k, v, allowed=allowed, additive=additive, dropout_seed=dropout_seed,
-                             dropout_p=dropout_p, **common)
+        return _attend_block(q, k, v, scale=scale, softcap=softcap, allowed=allowed, additive=additive,
+                             dropout_seed=dropout_seed, dropout_p=dropout_p)
     chunks = -(-sq // QUERY_CHUNK)
     pad = chunks * QUERY_CHUNK - sq
 
@@ -180,10 +169,10 @@ def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout
 
     @jax.checkpoint
     def block(q_block, allowed_block, additive_block):
-        return _attend_block(q_block, k, v,
+        return _attend_block(q_block, k, v, scale=scale, softcap=softcap,
                              allowed=whole[0] if allowed_block is None else allowed_block,
                              additive=whole[1] if additive_block is None else additive_block,
-                             dropout_seed=None, dropout_p=0.0, **common)
+                             dropout_seed=None, dropout_p=0.0)
 
     out, lse = lax.map(lambda xs: block(*xs), per_block)
     out = jnp.moveaxis(out, 0, 1).reshape(q.shape[0], chunks * QUERY_CHUNK, *out.shape[3:])[:, :sq]
@@ -191,21 +180,21 @@ def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout
     return out, lse
 
 
-def _attend_block(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout_p, dtypes, products):
-    """One block of :func:`_attend`: q in its dtype, k and v float32 holding values of ``dtypes`` (k's, v's)."""
+def _attend_block(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout_p):
     batch, sq, q_heads, _ = q.shape
     sk, kv_heads = k.shape[1], k.shape[2]
     groups = q_heads // kv_heads
-    k_dtype, v_dtype = dtypes
-    qg = q.reshape(batch, sq, kv_heads, groups, q.shape[-1])
+    qg = q.astype(jnp.float32).reshape(batch, sq, kv_heads, groups, q.shape[-1])
+    k32 = k.astype(jnp.float32)
     allowed = None if allowed is None else _grouped(allowed, kv_heads, groups)
     if allowed is not None:
         # Masked means absent: a key no query may see must not reach any output or gradient, even when it holds
         # NaN or Inf (a masked product 0 * NaN would). Logits come from the finite keys; a key with a non-finite
         # element gives a NaN logit, and only where it is allowed.
-        finite_key = jnp.all(jnp.isfinite(k), axis=-1)  # [B, Sk, Hk]
-        k = jnp.where(finite_key[..., None], k, 0.0)
-    logits = _product("bqhgd,bkhd->bhgqk", (q.dtype, k_dtype, jnp.float32), qg, k, products)
+        finite_key = jnp.all(jnp.isfinite(k32), axis=-1)  # [B, Sk, Hk]
+        k32 = jnp.where(finite_key[..., None], k32, 0.0)
+    # HIGHEST keeps float32 products exact on GPUs, where the default would round inputs to TF32/bf16.
+    logits = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k32, precision=lax.Precision.HIGHEST)
     logits = logits * scale
     if softcap > 0:
         # Soft-capping (Gemma-style) bounds the scaled logits to (-softcap, softcap) before bias and masks.
@@ -231,22 +220,18 @@ def _attend_block(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, d
         # Dropout acts on the normalized probabilities (lse is that of the undropped softmax), scaled so that
         # the expected output equals the output without dropout.
         weights = jnp.where(_grouped(keep, kv_heads, groups), weights / (1.0 - dropout_p), 0.0)
-    out = _weighted_values(weights, v, allowed, dtypes=(v_dtype, q.dtype), products=products)
-    out = out.reshape(batch, sq, q_heads, v.shape[-1])
+    out = _weighted_values(weights, v.astype(jnp.float32), allowed)
+    out = out.reshape(batch, sq, q_heads, v.shape[-1]).astype(q.dtype)
     return out, lse[..., 0].reshape(batch, q_heads, sq)
 
 
-def _weighted_values(weights, v, allowed, *, dtypes, products):
-    """``weights [B, Hk, G, Sq, Sk] @ v [B, Sk, Hk, Dv]``, rounded to ``dtypes[1]`` (v holds values of
-    ``dtypes[0]``), where a value no query may see cannot reach the output: with non-finite values present, each
-    output element is NaN (or ±Inf) exactly when an allowed key's value is, and the finite values' weighted sum
-    otherwise. The usual all-finite case costs one product."""
-    value_dtype, out_dtype = dtypes
+def _weighted_values(weights, v, allowed):
+    """``weights [B, Hk, G, Sq, Sk] @ v [B, Sk, Hk, Dv]`` where a value no query may see cannot reach the output:
+    with non-finite values present, each output element is NaN (or ±Inf) exactly when an allowed key's value
+    is, and the finite values' weighted sum otherwise. The usual all-finite case costs one product."""
 
     def product(weights, values):
-        # Rounded inside the product, so that its cotangent arrives in out_dtype, whose values the backward's
-        # products take exactly.
-        return _product("bhgqk,bkhd->bqhgd", (jnp.float32, value_dtype, out_dtype), weights, values, products)
+        return jnp.einsum("bhgqk,bkhd->bqhgd", weights, values, precision=lax.Precision.HIGHEST)
 
     if allowed is None:
         return product(weights, v)
@@ -255,100 +240,12 @@ def _weighted_values(weights, v, allowed, *, dtypes, products):
         finite = jnp.isfinite(v)
         out = product(weights, jnp.where(finite, v, 0.0))
         seen = jnp.broadcast_to(allowed, weights.shape).astype(jnp.float32)
-        # Counts of 0/1 marks, exact in bf16; they reach only comparisons, never a gradient.
-        count = lambda marks: _product("bhgqk,bkhd->bqhgd", (jnp.bfloat16,) * 2 + (jnp.float32,),  # noqa: E731
-                                       seen, marks.astype(jnp.float32), products)
+        count = lambda marks: product(seen, marks.astype(jnp.float32))  # noqa: E731
         nan, pos_inf, neg_inf = count(jnp.isnan(v)) > 0, count(v == jnp.inf) > 0, count(v == -jnp.inf) > 0
         out = jnp.where(pos_inf, jnp.inf, jnp.where(neg_inf, -jnp.inf, out))
         return jnp.where(nan | (pos_inf & neg_inf), jnp.nan, out)
 
     return lax.cond(jnp.all(jnp.isfinite(v)), product, with_non_finite, weights, v)
-
-
-# --- exact products -------------------------------------------------------------------------------------------
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 4))
-def _product(spec: str, dtypes: tuple, a: jax.Array, b: jax.Array, products: str) -> jax.Array:
-    """``einsum(spec, a, b)`` computed exactly up to float32 summation order, rounded once to ``dtypes[2]``.
-
-    ``dtypes[:2]`` are the dtypes whose values a and b hold (a float32 array may hold bf16 values); ``spec``
-    contracts at least one axis. ``products``:
-
-    - ``"float32"``: both operands in float32 at ``Precision.HIGHEST`` (the CPU form).
-    - ``"bf16"``: one product on matrix units with float32 accumulation. Operands of one half dtype are taken
-      as they are; otherwise each is split into bf16 pieces that sum to it exactly (:func:`_bf16_pieces`), and
-      the pieces' pairwise products are summed in one float32 accumulation (the pieces are concatenated along a
-      contracted axis). A product of two bf16 (or two fp16) values is exact in float32, so each term equals the
-      float32 product of the operands and the result equals the ``"float32"`` form's up to summation order.
-      Two float32 operands stay at ``Precision.HIGHEST``: their split would take nine products.
-    - ``"platform"``: ``"float32"`` on the CPU, ``"bf16"`` elsewhere, chosen when the program is lowered.
-
-    Its derivative is again made of such products (the cotangent of a rounded output holds values of that
-    dtype), so the backward pass runs on matrix units too.
-    """
-    if products == "platform":
-        return lax.platform_dependent(a, b, cpu=functools.partial(_product, spec, dtypes, products="float32"),
-                                      default=functools.partial(_product, spec, dtypes, products="bf16"))
-    a_dtype, b_dtype, out_dtype = (jnp.dtype(d) for d in dtypes)
-    if products == "float32" or a_dtype == b_dtype == jnp.float32:
-        out = jnp.einsum(spec, a.astype(jnp.float32), b.astype(jnp.float32), precision=lax.Precision.HIGHEST)
-    elif a_dtype == b_dtype:
-        out = jnp.einsum(spec, a.astype(a_dtype), b.astype(b_dtype), preferred_element_type=jnp.float32)
-    else:
-        inputs, out_axes = spec.split("->")
-        a_axes, b_axes = inputs.split(",")
-        contracted = [c for c in a_axes if c in b_axes and c not in out_axes]
-        axis = max(contracted, key=lambda c: a.shape[a_axes.index(c)])
-        a_pieces, b_pieces = _bf16_pieces(a, a_dtype), _bf16_pieces(b, b_dtype)
-        a_all = jnp.concatenate([x for x in a_pieces for _ in b_pieces], axis=a_axes.index(axis))
-        b_all = jnp.concatenate([y for _ in a_pieces for y in b_pieces], axis=b_axes.index(axis))
-        out = jnp.einsum(spec, a_all, b_all, preferred_element_type=jnp.float32)
-    return out.astype(out_dtype)
-
-
-def _product_fwd(spec, dtypes, a, b, products):
-    return _product(spec, dtypes, a, b, products), (a, b)
-
-
-def _product_bwd(spec, dtypes, products, residuals, cotangent):
-    a, b = residuals
-    inputs, out_axes = spec.split("->")
-    a_axes, b_axes = inputs.split(",")
-    a_dtype, b_dtype, out_dtype = dtypes
-    da = _product(f"{out_axes},{b_axes}->{a_axes}", (out_dtype, b_dtype, a.dtype), cotangent, b, products)
-    db = _product(f"{out_axes},{a_axes}->{b_axes}", (out_dtype, a_dtype, b.dtype), cotangent, a, products)
-    return da, db
-
-
-_product.defvjp(_product_fwd, _product_bwd)
-
-
-def _bf16_pieces(x: jax.Array, dtype) -> list[jax.Array]:
-    """bf16 arrays that sum to x (holding values of ``dtype``) exactly: one for bf16, two for fp16, three for
-    float32. Each piece takes the leading 8 significant bits of what the previous ones left (cut by masking
-    bits, so no compiler rewrite of a float32 -> bf16 -> float32 round trip can change it); an fp16 value has 11
-    and a float32 value 24, so the last piece holds the rest exactly.
-
-    Exact for every float32 value of magnitude 2^-103 or more: its bits sit at 2^-126 or above, so every
-    non-zero piece is a normal number, which flush-to-zero arithmetic (XLA's CPU backend, matrix units) keeps.
-    Below that, what a subnormal piece loses is less than 2^-126 in magnitude: an absolute error far below
-    anything attention's operands (probabilities, their gradients, inputs) resolve. NaN and ±Inf stay in the
-    first piece, the others being 0.
-    """
-    if dtype == jnp.bfloat16:
-        return [x.astype(jnp.bfloat16)]
-    x = x.astype(jnp.float32)
-    finite = jnp.isfinite(x)
-    rest = jnp.where(finite, x, 0.0)
-    pieces = []
-    for _ in range(1 if dtype == jnp.float16 else 2):
-        bits = lax.bitcast_convert_type(rest, jnp.uint32) & jnp.uint32(0xFFFF0000)
-        leading = lax.bitcast_convert_type(bits, jnp.float32)
-        pieces.append(leading)
-        rest = rest - leading  # exact: the bits below the leading ones
-    pieces[0] = jnp.where(finite, pieces[0], x)
-    return [piece.astype(jnp.bfloat16) for piece in (*pieces, rest)]
 
 
 def _keep_mask(dropout_seed: jax.Array, dropout_p: float, shape: tuple[int, ...]) -> jax.Array:
