@@ -782,6 +782,26 @@ def test_cudnn_matches_reference_on_cuda(case):
         _assert_close_bf16(got, want)
 
 
+def test_cudnn_packed_layout_needs_jax_s_private_module_with_its_arguments(monkeypatch):
+    """The packed varlen path reads jax's private cuDNN module; a jax without it, or with other argument
+    names, leaves varlen on the padded path (with a reason) instead of failing at trace time."""
+    class Renamed:
+        MaskType = _cudnn._private_cudnn.MaskType
+
+        @staticmethod
+        def dot_product_attention(query, key, value, q_seqlen=None, kv_seqlen=None, scale=1.0, mask_type=None):
+            raise AssertionError("not called")
+
+    for module in (None, Renamed):
+        monkeypatch.setattr(_cudnn, "_private_cudnn", module)
+        _cudnn._packed_layout_problem.cache_clear()
+        assert "no packed cuDNN attention" in _cudnn._packed_layout_problem()
+    monkeypatch.undo()
+    _cudnn._packed_layout_problem.cache_clear()
+    if "cuda" not in _backend.present_platforms():
+        assert _cudnn._packed_layout_problem() == "no CUDA device"
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("layout", ["packed", "padded"])

@@ -257,8 +257,14 @@ def _availability_problem() -> str | None:
 def _packed_layout_problem() -> str | None:
     """Why cuDNN's packed layout cannot serve varlen calls here, or None. jax.nn does not expose it; jax's own
     cuDNN module (private) does, for Hopper (sm_90) and later."""
-    if _private_cudnn is None or "q_offsets" not in inspect.signature(_private_cudnn.dot_product_attention).parameters:
-        return f"jax {jax.__version__} has no packed cuDNN attention"
+    missing = f"jax {jax.__version__} has no packed cuDNN attention with the arguments used here"
+    if _private_cudnn is None:
+        return missing
+    arguments = set(inspect.signature(_private_cudnn.dot_product_attention).parameters)
+    mask_type = getattr(_private_cudnn, "MaskType", None)
+    if (not {"q_seqlen", "kv_seqlen", "q_offsets", "kv_offsets", "scale", "mask_type"} <= arguments
+            or mask_type is None or not {"PADDING", "PADDING_CAUSAL"} <= set(mask_type.__members__)):
+        return missing
     try:
         devices = jax.devices("cuda")
     except RuntimeError:
