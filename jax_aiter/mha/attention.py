@@ -266,63 +266,23 @@ def _all_finite(x: jax.Array) -> jax.Array:
 def _reference_unless_finite(kernel, reference):
     """``kernel`` when every key and value is finite, else ``reference``. Masked means absent: a key or value a
     query may not see must not reach its output or gradients, even when it is NaN or Inf, and a kernel that
-    multiplies it by a zero weight would spread the NaN. The reference keeps masked entries out exactly."""
+    multiplies it by a zero weight would spread the NaN. The reference keeps masked entries out exactly; it is
+    rematerialized in the backward pass, so the kernel path stores only its own residuals."""
 
     def attention(*operands, options: AttentionOptions):
-        return _guarded(kernel, reference, options, *operands)
+        _, k, v = operands[:3]
+        finite = _all_finite(k) & _all_finite(v)
+        exact = jax.checkpoint(functools.partial(reference, options=options))
+        return _cond_in_row_major(finite, functools.partial(kernel, options=options), exact, *operands)
 
     return attention
 
 
-# The forward kernel runs unconditionally and the forward conditional only picks its result or the reference's;
-# the backward conditional runs the kernel's backward or the reference's. Both conditionals are placed so that no
-# large result of the common branch is copied: an XLA conditional's results are fresh buffers, so a branch that
-# passes an array through (as a "pick the kernel's gradients" branch would) copies it. The reference, taken only
-# when something is not finite, recomputes its forward in the backward pass, so the kernel path stores only the
-# kernel's own residuals.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _guarded(kernel, reference, options, *operands):
-    return _guarded_fwd(kernel, reference, options, *operands)[0]
-
-
-def _guarded_fwd(kernel, reference, options, *operands):
-    _, k, v = operands[:3]
-    finite = _all_finite(k) & _all_finite(v)
-    out, kernel_vjp = jax.vjp(functools.partial(kernel, options=options), *operands)
-    out = _cond_in_row_major(finite, lambda _, out: out,
-                             lambda operands, _: reference(*operands, options=options), operands, out)
-    return out, (finite, operands, kernel_vjp)
-
-
-def _guarded_bwd(kernel, reference, options, residuals, cotangent):
-    finite, operands, kernel_vjp = residuals
-    # Integer operands (offsets, the dropout seed) have no cotangent; only the others leave the conditional.
-    differentiable = [i for i, x in enumerate(operands) if jnp.issubdtype(x.dtype, jnp.inexact)]
-
-    def kernel_grads(kernel_vjp, operands, cotangent):
-        grads = kernel_vjp(cotangent)
-        return [grads[i] for i in differentiable]
-
-    def reference_grads(kernel_vjp, operands, cotangent):
-        _, vjp = jax.vjp(functools.partial(reference, options=options), *operands)
-        grads = vjp(cotangent)
-        return [grads[i] for i in differentiable]
-
-    chosen = _cond_in_row_major(finite, kernel_grads, reference_grads, kernel_vjp, operands, cotangent)
-    result = [None] * len(operands)
-    for i, grad in zip(differentiable, chosen):
-        result[i] = grad
-    return tuple(result)
-
-
-_guarded.defvjp(_guarded_fwd, _guarded_bwd)
-
-
 def _cond_in_row_major(predicate, true_fn, false_fn, *operands):
     """``lax.cond`` whose operands and results cross the branch boundary as 1-D arrays. A conditional's results
-    take one layout for both branches, and XLA picks the one the reference's code prefers: the kernel's
-    results were then transposed into it and back on every call (0.5-0.8 ms per attention step on an H200).
-    A 1-D array has a single layout, so any relayout happens inside the rarely taken branch."""
+    take one layout for both branches, and XLA picked the one the reference's code prefers: the compiled
+    program (H200) transposed the kernel's dk and dv into it and back on every call. A 1-D array has a single
+    layout, so any relayout happens inside the rarely taken branch."""
     leaves, tree = jax.tree.flatten(operands)
     results = jax.eval_shape(true_fn, *operands)
     result_leaves, result_tree = jax.tree.flatten(results)
