@@ -1,12 +1,22 @@
 """Test tiers: `gpu` and `rocm` tests skip themselves without that hardware; the CPU is split into 8 virtual
-devices (set before JAX initializes) so `multidevice` tests run anywhere."""
+devices (set before JAX initializes) so `multidevice` tests run anywhere.
+
+Property tests are derandomized: hypothesis draws the same examples for a test on every run and machine (its
+`deterministic` profile, the default here), so one commit passes or fails the same way each time. To search with
+fresh random draws locally: `pytest --hypothesis-profile=randomized` (a failure it finds prints a reproduction
+blob; add the example to the test)."""
 
 import os
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
+import hypothesis  # noqa: E402
 import jax  # noqa: E402
 import pytest  # noqa: E402
+
+hypothesis.settings.register_profile("deterministic", derandomize=True, database=None, print_blob=True)
+hypothesis.settings.register_profile("randomized", derandomize=False, database=None, print_blob=True)
+hypothesis.settings.load_profile("deterministic")
 
 jax.config.update("jax_enable_x64", False)
 
