@@ -295,9 +295,10 @@ def test_fsdp_equals_unsharded(layout):
                        out_shardings=(act, act, weight)).lower(a, b, dy).compile()
     sharded, unsharded = compiled(a, b, dy), jax.jit(_training_step)(a, b, dy)
     # The scales are global maxima, so both programs sum the same exact products: only the order of the float32
-    # sums differs (wgrad: per token shard, then across shards, each partial rescaled first). Two such sums are
-    # within the float32 bound of assert_fp8_close of the exact value, so of each other within twice it, plus
-    # one bf16 unit (2^-7 relative) where the two round to neighbouring bf16 values.
+    # sums differs (wgrad: per token shard, then across the <= 8 shards, each partial rescaled first: up to 8
+    # more roundings). Each float32 result is within E = (terms + 1 + 8) 2^-24 sum|products| of the exact value
+    # (assert_fp8_close's bound), and each bf16 result within half a unit (2^-8 relative) of its float32 value:
+    # |got - want| <= 2^-7 |want| + 2E, to first order; the factor 4 on E absorbs the second-order terms.
     expected = oracle_products(np.asarray(a), np.asarray(b), np.asarray(dy), Fp8Recipe())
     for got, want, name in zip(sharded, unsharded, ("y", "dx", "dw"), strict=True):
         _, magnitude, terms = expected[name]
