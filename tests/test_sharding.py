@@ -208,12 +208,16 @@ def gemm_step(a, b, dy):
     return (y, *vjp(dy))
 
 
+def gemm_inputs():
+    return random_bf16(3, (8, 8, 64)), random_bf16(4, (64, 64)), random_bf16(5, (8, 8, 64))
+
+
 @pytest.mark.parametrize("layout", GEMM_LAYOUTS)
 def test_gemm_sharded_equals_unsharded(layout):
     shape, names, act_spec, weight_spec = GEMM_LAYOUTS[layout]
     mesh = make_mesh(shape, names)
     act, weight = NamedSharding(mesh, act_spec), NamedSharding(mesh, weight_spec)
-    a, b, dy = random_bf16(3, (8, 8, 64)), random_bf16(4, (64, 64)), random_bf16(5, (8, 8, 64))
+    a, b, dy = gemm_inputs()
     compiled = jax.jit(gemm_step, in_shardings=(act, weight, act),
                        out_shardings=(act, act, weight)).lower(a, b, dy).compile()
     # wgrad's partial products are reduced in float32 and rounded once, like the unsharded GEMM.
