@@ -22,16 +22,19 @@ LOCAL_DEVICES = 4
 
 
 def runs() -> dict:
-    """Step name: (step, its inputs, mesh shape, mesh axes, activation spec, weight spec), tests/test_sharding.py's
-    steps under its FSDP layout. Imported only once JAX is set up: importing jax_aiter may touch devices."""
+    """Step name: (step, its inputs, activation spec, weight spec): tests/test_sharding.py's training steps under its
+    FSDP layout (tokens and weight rows split over all devices). Imported only once JAX is set up: importing
+    jax_aiter may touch devices."""
     from jax.sharding import PartitionSpec as P
 
     import test_sharding as steps
 
-    fp4_shape, fp4_axes, tokens, fp4_weight = steps.FP4_LAYOUTS["fsdp8"]
-    gemm_shape, gemm_axes, gemm_act, gemm_weight = steps.GEMM_LAYOUTS["fsdp8"]
-    return {"mxfp4": (steps.fp4_step, steps.fp4_inputs, fp4_shape, fp4_axes, P(tokens, None, None), fp4_weight),
-            "bf16": (steps.gemm_step, steps.gemm_inputs, gemm_shape, gemm_axes, gemm_act, gemm_weight)}
+    return {"mxfp4": (steps.fp4_step, steps.fp4_inputs, P("fsdp", None, None), P("fsdp", None)),
+            "bf16": (steps.gemm_step, steps.gemm_inputs, P("fsdp", None, None), P("fsdp", None))}
+
+
+def fsdp_mesh(devices) -> jax.sharding.Mesh:
+    return jax.sharding.Mesh(np.array(devices), ("fsdp",), axis_types=(jax.sharding.AxisType.Auto,))
 
 
 def main() -> None:
@@ -59,8 +62,8 @@ def main() -> None:
         return jax.make_array_from_callback(host.shape, sharding, lambda index: host[index])
 
     results, collectives = {}, {}
-    for name, (step, inputs, shape, axes, act_spec, weight_spec) in runs().items():
-        mesh = test_sharding.make_mesh(shape, axes)
+    mesh = fsdp_mesh(jax.devices())
+    for name, (step, inputs, act_spec, weight_spec) in runs().items():
         act, weight = NamedSharding(mesh, act_spec), NamedSharding(mesh, weight_spec)
         a, b, dy = (np.asarray(t) for t in inputs())
         operands = placed(a, act), placed(b, weight), placed(dy, act)

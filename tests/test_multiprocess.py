@@ -17,7 +17,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from jax.sharding import AxisType, Mesh, NamedSharding
+from jax.sharding import NamedSharding
 
 import _oracle
 import multiprocess_worker
@@ -73,15 +73,14 @@ def two_processes(tmp_path_factory) -> tuple[dict[str, np.ndarray], dict]:
                 proc.wait()
     tails = "\n".join(f"--- process {i} (exit {p.returncode}):\n{log.read_text()[-3000:]}"
                       for i, (p, log) in enumerate(zip(procs, logs)))
-    assert all(p.returncode == 0 for p in procs), f"not all processes finished within {TIMEOUT_S} s:\n{tails}"
+    assert all(p.returncode == 0 for p in procs), f"the processes did not all exit 0 within {TIMEOUT_S} s:\n{tails}"
     with np.load(out / "results.npz") as results:
         return dict(results), json.loads((out / "collectives.json").read_text())
 
 
-def _one_process(step, inputs, shape, axes, act_spec, weight_spec):
+def _one_process(step, inputs, act_spec, weight_spec):
     """The same step on this process's 8 CPU devices (the CPU even where a GPU is the default)."""
-    devices = np.array(jax.devices("cpu")[: int(np.prod(shape))]).reshape(shape)
-    mesh = Mesh(devices, axes, axis_types=(AxisType.Auto,) * len(axes))
+    mesh = multiprocess_worker.fsdp_mesh(jax.devices("cpu")[:8])
     act, weight = NamedSharding(mesh, act_spec), NamedSharding(mesh, weight_spec)
     operands = [np.asarray(t) for t in inputs()]
     outputs = jax.jit(step, in_shardings=(act, weight, act), out_shardings=(act, act, weight))(*operands)
@@ -103,8 +102,7 @@ def test_fsdp_step_across_two_processes_equals_one_process(two_processes, run):
     if len(jax.devices("cpu")) < 8:
         pytest.skip("needs 8 CPU devices (tests/conftest.py forces 8 virtual ones)")
     results, collectives = two_processes
-    step, inputs, shape, axes, act_spec, weight_spec = multiprocess_worker.runs()[run]
-    (a, _, dy), (y1, da1, db1) = _one_process(step, inputs, shape, axes, act_spec, weight_spec)
+    (a, _, dy), (y1, da1, db1) = _one_process(*multiprocess_worker.runs()[run])
     y, da, db = (results[f"{run}.{label}"] for label in ("y", "da", "db"))
 
     # Forward and input gradient: every device runs the same program on the same shard as in one process, with the
