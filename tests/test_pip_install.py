@@ -180,7 +180,7 @@ def test_wheel_platform_tag_is_the_floor_of_the_libraries_symbol_versions(wheel)
     platforms = _platform_tags(wheel)
     for platform in platforms:
         major, minor = map(int, re.fullmatch(r"manylinux_(\d+)_(\d+)_x86_64", platform).groups())
-        assert (major, minor) >= glibc[:2], f"{platform} promises less than the GLIBC_{'.'.join(map(str, glibc))} needed"
+        assert (major, minor) >= glibc[:2], f"{platform}: the libraries need GLIBC_{'.'.join(map(str, glibc))}"
     policies = _manylinux_policies()
     by_name = {p["name"]: p for p in policies}
     for platform in platforms:

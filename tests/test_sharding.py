@@ -32,7 +32,7 @@ RECIPE = Mxfp4Recipe(activation_stochastic=True, weight_stochastic=True, gradien
                      fprop_hadamard=32, dgrad_hadamard=16, wgrad_hadamard=16, hadamard_seed=0x1234_5678_9ABC)
 KEY = np.array([7, 11], np.uint32)
 
-# The layouts' meshes: 8, 4 or 2 devices, the most there are (every shape here divides whole by 8).
+# The layouts' meshes: 8, 4 or 2 devices, the most there are (every shape here splits whole over 8 devices).
 AVAILABLE = _devices.multidevice_devices()
 SIZE = next((n for n in (8, 4, 2) if n <= len(AVAILABLE)), 0)
 if SIZE == 0:
