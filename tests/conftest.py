@@ -84,6 +84,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(reason="needs an AMD GPU (ROCm)"))
 
 
+@pytest.fixture
+def automatic_selection():
+    """No implementation forced while the test runs: for tests of the automatic selection itself, which CI also
+    runs under the process-wide override JAX_AITER_BACKEND=xla (the suite's forced-reference path)."""
+    from jax_aiter import _backend
+
+    with _backend.overrides_in_force(()):
+        yield
+
+
 @pytest.fixture(params=["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def device(request):
     """The device a native-kernel test runs on; its platform's native library must have loaded (on a GPU that is

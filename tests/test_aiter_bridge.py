@@ -489,6 +489,7 @@ def test_device_arch_from_jax_device_attributes():
     assert _support.arch_of(Device(device_kind="Radeon")) is None
 
 
+@pytest.mark.usefixtures("automatic_selection")
 def test_info_reports_aiter_choices_and_reasons(monkeypatch):
     targets = tuple(value for name, value in vars(jax_aiter.aiter).items() if name.isupper() and "LIBRARY" not in name)
     assert "ja_aiter_mha_varlen_bwd" in targets

@@ -113,6 +113,7 @@ def test_vmap_and_mixed_dtype_gamma(impl):
     _oracle.assert_close(rms_norm(x, gamma32), _oracle.rms_norm(x, gamma32, 1e-6), jnp.bfloat16, factor=2)
 
 
+@pytest.mark.usefixtures("automatic_selection")
 def test_native_lowers_to_custom_call():
     if _native.load("cpu").problem:
         pytest.skip("native CPU library not built")
