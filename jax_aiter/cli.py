@@ -151,11 +151,8 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         data_path = args.data if args.data is not None else convergence.bundled_sample()
         setup, data = convergence.load_data(setup, data_path, kind=args.data_kind, vocab_size=args.vocab_size)
     except (OSError, ValueError) as err:
-        return fail(f"--data: {err}")
+        return fail(str(err))
     cfg = setup.config
-    if data.corpus["epoch_fraction"] > 1:
-        return fail(f"{cfg.steps} steps of {cfg.batch} x {cfg.seq_len + 1} tokens need more than one epoch of the "
-                    f"training split ({data.corpus['train_tokens']} tokens): fewer steps or a larger corpus")
     out = Path(args.out)
     try:
         results = convergence.merge(convergence.load_results(out), setup, data.corpus)

@@ -155,9 +155,10 @@ class Data:
 
 
 def bundled_sample() -> Path:
-    """The real-text sample of a source checkout (tests/fixtures/text), the default corpus of ``cpu-tiny``."""
-    path = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "text"
-    if not path.is_dir():
+    """The real-text sample of a source checkout (the Python 3.11 tutorial's sources in tests/fixtures/text, 256 KB),
+    the default corpus of ``cpu-tiny``."""
+    path = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "text" / "python-3.11-tutorial.txt"
+    if not path.is_file():
         raise FileNotFoundError(f"the bundled text sample ({path}) is part of a source checkout, not of the "
                                 "installed package: pass a corpus with --data")
     return path
@@ -165,14 +166,20 @@ def bundled_sample() -> Path:
 
 def load_data(setup: Setup, path: str | Path, *, kind: str = "auto", vocab_size: int | None = None
               ) -> tuple[Setup, Data]:
-    """Open and split the corpus at ``path`` for ``setup``. The model's vocabulary becomes the corpus's, rounded
-    up to a multiple of 64 (what an MXFP4 LM head or embedding needs); the returned setup carries it."""
+    """Open and split the corpus at ``path`` for ``setup`` (``kind`` and ``vocab_size`` as in
+    ``text_data.open_corpus``). The model's vocabulary becomes the corpus's, rounded up to a multiple of 64 (what an
+    MXFP4 LM head or embedding needs); the returned setup carries it. Raises ValueError when the steps would draw
+    more than one epoch of the training split."""
     corpus = text_data.open_corpus(path, kind=kind, vocab_size=vocab_size)
     vocab = -(-corpus.vocab_size // 64) * 64
     setup = dataclasses.replace(setup, config=dataclasses.replace(setup.config, vocab=vocab))
     cfg = setup.config
     train, held_out = text_data.split(corpus, held_out_fraction=setup.held_out_fraction)
     epochs = text_data.epoch_fraction(train, cfg.steps, cfg.batch, cfg.seq_len)
+    if epochs > 1:
+        raise ValueError(f"{cfg.steps} steps of batch {cfg.batch} x {cfg.seq_len} tokens draw {epochs:.2f} epochs of "
+                         f"the training split of {corpus.name} ({len(train)} tokens); the benchmark stays under one: "
+                         "fewer steps or a larger corpus")
     info = {"name": corpus.name, "sha256": corpus.sha256, "tokens": len(corpus), "vocab_size": corpus.vocab_size,
             "train_tokens": len(train), "held_out_tokens": len(held_out), "epoch_fraction": epochs}
     batches = text_data.held_out_batches(held_out, setup.eval_batches, cfg.batch, cfg.seq_len)
@@ -259,9 +266,6 @@ def train_arm(setup: Setup, data: Data, name: str, arm: Arm, *,
         held = evaluate(done) if done % setup.eval_every == 0 or done == cfg.steps else None
         if on_step is not None:
             on_step(step, train_loss[-1], held, seconds[-1])
-    if len(train_loss) < cfg.steps:
-        raise ValueError(f"the corpus gave {len(train_loss)} training batches of {cfg.batch} x {cfg.seq_len + 1} "
-                         f"tokens, fewer than steps = {cfg.steps}: use a larger corpus or fewer steps")
     if log:
         log.end("run_stop", cfg.steps, status="success" if math.isfinite(held_out_loss[-1]) else "aborted")
     return {
@@ -375,6 +379,8 @@ def save(results: dict, out_dir: Path) -> list[Path]:
     results = {**results, "gap_definition": GAP_DEFINITION, "summary": gaps(results)}
     written = [out_dir / "convergence.json"]
     written[0].write_text(json.dumps(results, indent=1, allow_nan=True))
+    if not results["arms"]:
+        return written
     try:
         import matplotlib
 
