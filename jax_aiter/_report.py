@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax
 
 from jax_aiter import _backend, _native
-from jax_aiter import activation, gemm, gemm_fp4, rmsnorm  # noqa: F401  (declare their ops)
+from jax_aiter import activation, gemm, gemm_fp4, gemm_fp8, rmsnorm  # noqa: F401  (declare their ops)
 
 try:
     from jax_aiter import mha  # noqa: F401

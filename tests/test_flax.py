@@ -18,6 +18,7 @@ from jax_aiter import flax as layers  # noqa: E402
 from jax_aiter.activation import silu_and_mul  # noqa: E402
 from jax_aiter.gemm import gemm  # noqa: E402
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, WeightWorkspace, gemm_fp4_bf16  # noqa: E402
+from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8  # noqa: E402
 from jax_aiter.precision import PrecisionPolicy  # noqa: E402
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add  # noqa: E402
 
@@ -62,6 +63,21 @@ def test_mxfp4_linear_is_gemm_fp4_bf16(recipe):
         layers.Mxfp4Linear(96, 64, rngs=nnx.Rngs(0))
     with pytest.raises(TypeError, match="^recipe"):
         layers.Mxfp4Linear(64, 64, recipe="default", rngs=nnx.Rngs(0))
+
+
+def test_fp8_linear_and_swiglu_with_an_fp8_recipe_are_gemm_fp8():
+    recipe = Fp8Recipe(gradient_format="float8_e4m3fn")
+    layer = layers.Fp8Linear(96, 40, recipe=recipe, rngs=nnx.Rngs(5))
+    x = _x((2, 8, 96), 5)
+    _equal(layer(x), gemm_fp8(x, _bf16(layer.weight[...]), recipe))
+    with pytest.raises(TypeError, match="^recipe"):
+        layers.Fp8Linear(64, 64, recipe=Mxfp4Recipe(), rngs=nnx.Rngs(0))
+    mlp = layers.SwiGLU(96, 64, recipe=recipe, rngs=nnx.Rngs(6))
+    assert isinstance(mlp.gate_up, layers.Fp8Linear) and isinstance(mlp.down, layers.Fp8Linear)
+    gate, up = jnp.split(gemm_fp8(x, _bf16(mlp.gate_up.weight[...]), recipe), 2, axis=-1)
+    _equal(mlp(x), gemm_fp8(silu_and_mul(gate, up), _bf16(mlp.down.weight[...]), recipe))
+    with pytest.raises(TypeError, match="^recipe"):
+        layers.SwiGLU(96, 64, recipe="fp8", rngs=nnx.Rngs(0))
 
 
 def test_rms_norm_with_and_without_residual():
