@@ -238,13 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(run=cmd_demo)
     conv = sub.add_parser("convergence", help="train a Llama-style decoder on real text once per precision arm "
-                          "(BF16, MXFP4 policies) from the same weights and data, compare held-out losses "
+                          "(BF16, FP8, MXFP4 policies) from the same weights and data, compare held-out losses "
                           "(docs/convergence.md)")
     conv.add_argument("--model", default="cpu-tiny",
                       help="model shape with its default batch, sequence length, steps and learning rate: "
                       "cpu-tiny (default), 75m, 350m, llama3.1-8b (--lower-only)")
     conv.add_argument("--arms", nargs="+", metavar="ARM",
-                      help="precision arms to train (default: bf16 mxfp4 mxfp4-all; --list-arms lists them)")
+                      help="precision arms to train (default: bf16 fp8 mxfp4 mxfp4-all; --list-arms lists them)")
     conv.add_argument("--list-arms", action="store_true", help="list the arms and exit")
     conv.add_argument("--data", help="corpus: a text file or folder, a token file, or a Megatron .bin/.idx prefix "
                       "(default for cpu-tiny: the bundled sample of a source checkout)")

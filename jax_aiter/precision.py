@@ -2,11 +2,12 @@
 
 A model asks the policy for the recipe of each projection by its role (``"attention"`` or ``"mlp"`` inside
 block ``i`` of ``n``, ``"lm_head"``, ``"embedding"``) and runs it through :func:`project`: BF16 ``gemm`` for
-None, ``gemm_fp4_bf16`` for an ``Mxfp4Recipe``. The policy is a static, hashable value (a frozen dataclass of
-frozen recipes), so it can be a ``jit`` static argument or a field of a model.
+None, ``gemm_fp4_bf16`` for an ``Mxfp4Recipe``, ``gemm_fp8`` for an ``Fp8Recipe``. The policy is a static,
+hashable value (a frozen dataclass of frozen recipes), so it can be a ``jit`` static argument or a field of a
+model.
 
-MXFP4 policies keep the LM head and the embedding in BF16 unless asked otherwise: on real text a 4-bit LM head
-costs several percent of loss that the block projections do not (docs/convergence.md).
+The MXFP4 and FP8 policies keep the LM head and the embedding in BF16 unless asked otherwise: on real text a 4-bit
+LM head costs several percent of loss that the block projections do not (issue 18, docs/convergence.md).
 """
 
 from __future__ import annotations
@@ -18,13 +19,14 @@ import jax
 
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
+from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8
 
 __all__ = ["BLOCK_ROLES", "ROLES", "PrecisionPolicy", "Recipe", "project"]
 
-Recipe = Mxfp4Recipe | None
+Recipe = Mxfp4Recipe | Fp8Recipe | None
 BLOCK_ROLES = ("attention", "mlp")
 ROLES = (*BLOCK_ROLES, "lm_head", "embedding")
-_RECIPE_TYPES = (Mxfp4Recipe,)
+_RECIPE_TYPES = (Mxfp4Recipe, Fp8Recipe)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,7 +41,8 @@ class PrecisionPolicy:
     * ``bf16_first_blocks`` / ``bf16_last_blocks``: that many blocks at the input / output end run BF16 whatever
       ``linear`` says.
 
-    A recipe is an ``Mxfp4Recipe`` or None (BF16). Use the named constructors :meth:`bf16` and :meth:`mxfp4`.
+    A recipe is an ``Mxfp4Recipe``, an ``Fp8Recipe`` or None (BF16). The named constructors :meth:`bf16`,
+    :meth:`mxfp4` and :meth:`fp8` build the usual policies.
     """
 
     linear: Recipe = None
@@ -52,7 +55,8 @@ class PrecisionPolicy:
         for name in ("linear", "lm_head", "embedding"):
             recipe = getattr(self, name)
             if recipe is not None and not isinstance(recipe, _RECIPE_TYPES):
-                raise TypeError(f"{name} must be an Mxfp4Recipe or None (BF16), got {type(recipe).__name__}")
+                raise TypeError(f"{name} must be an Mxfp4Recipe, an Fp8Recipe or None (BF16), got "
+                                f"{type(recipe).__name__}")
         for name in ("bf16_first_blocks", "bf16_last_blocks"):
             count = getattr(self, name)
             if isinstance(count, bool) or not isinstance(count, int):
@@ -74,6 +78,17 @@ class PrecisionPolicy:
         if not isinstance(recipe, Mxfp4Recipe):
             raise TypeError(f"recipe must be an Mxfp4Recipe or None (the default recipe), got "
                             f"{type(recipe).__name__}")
+        return cls._with_recipe(recipe, lm_head, embedding, bf16_first_blocks, bf16_last_blocks)
+
+    @classmethod
+    def fp8(cls, recipe: Fp8Recipe | None = None, *, lm_head: bool = False, embedding: bool = False,
+            bf16_first_blocks: int = 0, bf16_last_blocks: int = 0) -> PrecisionPolicy:
+        """Every block projection through ``recipe`` (default ``Fp8Recipe.default()``: current scaling, E4M3
+        forward, E5M2 gradients); the LM head and the embedding BF16 unless ``lm_head`` / ``embedding`` put them
+        through the same recipe."""
+        recipe = Fp8Recipe.default() if recipe is None else recipe
+        if not isinstance(recipe, Fp8Recipe):
+            raise TypeError(f"recipe must be an Fp8Recipe or None (the default recipe), got {type(recipe).__name__}")
         return cls._with_recipe(recipe, lm_head, embedding, bf16_first_blocks, bf16_last_blocks)
 
     @classmethod
@@ -106,15 +121,17 @@ class PrecisionPolicy:
     def uses_stochastic_rounding(self) -> bool:
         """Whether some projection rounds stochastically, so a forward pass needs a key."""
         recipes = (self.linear, self.lm_head, self.embedding)
-        return any(r is not None and r.uses_stochastic_rounding for r in recipes)
+        return any(isinstance(r, Mxfp4Recipe) and r.uses_stochastic_rounding for r in recipes)
 
 
 def project(x: jax.Array, w: jax.Array, recipe: Recipe, *, key: Any = None) -> jax.Array:
     """``x[..., K] . w[N, K]^T`` in the precision ``recipe`` names: ``gemm`` (x and w bf16) for None,
-    ``gemm_fp4_bf16(x, w, recipe, key=key)`` for an ``Mxfp4Recipe``. ``key`` is used only by a recipe that
-    rounds stochastically (and required by it)."""
+    ``gemm_fp4_bf16(x, w, recipe, key=key)`` for an ``Mxfp4Recipe``, ``gemm_fp8(x, w, recipe)`` for an
+    ``Fp8Recipe``. ``key`` is used only by an MXFP4 recipe that rounds stochastically (and required by it)."""
     if recipe is None:
         return gemm(x, w)
     if isinstance(recipe, Mxfp4Recipe):
         return gemm_fp4_bf16(x, w, recipe, key=key if recipe.uses_stochastic_rounding else None)
-    raise TypeError(f"recipe must be an Mxfp4Recipe or None (BF16), got {type(recipe).__name__}")
+    if isinstance(recipe, Fp8Recipe):
+        return gemm_fp8(x, w, recipe)
+    raise TypeError(f"recipe must be an Mxfp4Recipe, an Fp8Recipe or None (BF16), got {type(recipe).__name__}")

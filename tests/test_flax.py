@@ -271,7 +271,8 @@ def test_demo_model_from_layers_equals_the_functional_definition():
     params = tiny_llama.init_params(cfg, jax.random.key(0))
     tokens = tiny_llama.make_batch(cfg, jax.random.key(1))
     policies = (PrecisionPolicy.bf16(), PrecisionPolicy.mxfp4(), PrecisionPolicy.mxfp4(MIXED, lm_head=True),
-                PrecisionPolicy.mxfp4(embedding=True, bf16_first_blocks=1, bf16_last_blocks=1))
+                PrecisionPolicy.mxfp4(embedding=True, bf16_first_blocks=1, bf16_last_blocks=1),
+                PrecisionPolicy.fp8(lm_head=True))
     logits = []
     for policy in policies:
         model = tiny_llama.TinyLlama(cfg, policy=policy, rngs=nnx.Rngs(0)).load(params)
@@ -287,6 +288,8 @@ def test_demo_model_from_layers_equals_the_functional_definition():
     kinds = [type(block.mlp.down) for block in model.blocks]
     assert kinds == [layers.Linear, layers.Mxfp4Linear, layers.Linear]
     assert type(model.head) is layers.Linear
+    fp8 = tiny_llama.TinyLlama(cfg, policy=policies[4], rngs=nnx.Rngs(0))
+    assert isinstance(fp8.head, layers.Fp8Linear) and isinstance(fp8.blocks[0].attention.q_proj, layers.Fp8Linear)
     with pytest.raises(TypeError, match="^policy must be a PrecisionPolicy"):
         tiny_llama.TinyLlama(cfg, policy=Mxfp4Recipe.default(), rngs=nnx.Rngs(0))
     short = tiny_llama.Config(steps=3)

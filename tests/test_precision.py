@@ -1,5 +1,5 @@
 """PrecisionPolicy: which projection gets which recipe (roles, first/last blocks), validation, hashing, and
-``project``'s dispatch to the BF16 and MXFP4 GEMMs."""
+``project``'s dispatch to the BF16, MXFP4 and FP8 GEMMs."""
 
 import jax
 import jax.numpy as jnp
@@ -9,6 +9,7 @@ import pytest
 import mxfp4_oracle as oracle
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
+from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8
 from jax_aiter.precision import BLOCK_ROLES, ROLES, PrecisionPolicy, project
 
 SR = Mxfp4Recipe(gradient_stochastic=True)
@@ -35,6 +36,18 @@ def test_mxfp4_policy_keeps_lm_head_and_embedding_bf16_by_default():
                                                      "lm_head": None, "embedding": None}
     everything = PrecisionPolicy.mxfp4(SR, lm_head=True, embedding=True)
     assert _recipes(everything, 2) == {"attention": [SR] * 2, "mlp": [SR] * 2, "lm_head": SR, "embedding": SR}
+
+
+def test_fp8_policy():
+    fp8, e4m3 = Fp8Recipe.default(), Fp8Recipe(gradient_format="float8_e4m3fn")
+    assert _recipes(PrecisionPolicy.fp8(), 2) == {"attention": [fp8] * 2, "mlp": [fp8] * 2, "lm_head": None,
+                                                   "embedding": None}
+    assert _recipes(PrecisionPolicy.fp8(e4m3, lm_head=True, bf16_first_blocks=1), 2) == {
+        "attention": [None, e4m3], "mlp": [None, e4m3], "lm_head": e4m3, "embedding": None}
+    # Recipes of both kinds in one policy: an FP8 LM head on MXFP4 blocks.
+    mixed = PrecisionPolicy(linear=Mxfp4Recipe.default(), lm_head=fp8)
+    assert mixed.recipe_for("lm_head") == fp8 and mixed.recipe_for("mlp", 0, 1) == Mxfp4Recipe.default()
+    assert not PrecisionPolicy.fp8(lm_head=True).uses_stochastic_rounding
 
 
 def test_first_and_last_blocks_run_bf16():
@@ -68,13 +81,16 @@ def test_uses_stochastic_rounding():
 
 
 @pytest.mark.parametrize("make, error, message", [
-    (lambda: PrecisionPolicy(linear="mxfp4"), TypeError, "^linear must be an Mxfp4Recipe or None"),
+    (lambda: PrecisionPolicy(linear="mxfp4"), TypeError, "^linear must be an Mxfp4Recipe, an Fp8Recipe or None"),
     (lambda: PrecisionPolicy(lm_head=1), TypeError, "^lm_head must be"),
     (lambda: PrecisionPolicy(embedding=object()), TypeError, "^embedding must be"),
     (lambda: PrecisionPolicy(bf16_first_blocks=-1), ValueError, "^bf16_first_blocks must be >= 0, got -1"),
     (lambda: PrecisionPolicy(bf16_last_blocks=1.0), TypeError, "^bf16_last_blocks must be an int"),
     (lambda: PrecisionPolicy(bf16_last_blocks=True), TypeError, "^bf16_last_blocks must be an int"),
     (lambda: PrecisionPolicy.mxfp4("default"), TypeError, "^recipe must be an Mxfp4Recipe"),
+    (lambda: PrecisionPolicy.mxfp4(Fp8Recipe()), TypeError, "^recipe must be an Mxfp4Recipe"),
+    (lambda: PrecisionPolicy.fp8(Mxfp4Recipe()), TypeError, "^recipe must be an Fp8Recipe"),
+    (lambda: PrecisionPolicy.fp8(embedding="yes"), TypeError, "^embedding must be a bool"),
     (lambda: PrecisionPolicy.mxfp4(lm_head=1), TypeError, "^lm_head must be a bool"),
     (lambda: PrecisionPolicy.mxfp4(bf16_last_blocks=-2), ValueError, "^bf16_last_blocks"),
     (lambda: PrecisionPolicy.bf16().recipe_for("head"), ValueError, "^role must be one of"),
@@ -102,6 +118,8 @@ def test_project_dispatches_by_recipe():
     key = jax.random.key(3)
     np.testing.assert_array_equal(np.asarray(project(x, w, SR, key=key)),
                                   np.asarray(gemm_fp4_bf16(x, w, SR, key=key)))
+    fp8 = Fp8Recipe(gradient_format="float8_e4m3fn")
+    np.testing.assert_array_equal(np.asarray(project(x, w, fp8, key=key)), np.asarray(gemm_fp8(x, w, fp8)))
     with pytest.raises(ValueError, match="^key"):
         project(x, w, SR)
     with pytest.raises(TypeError, match="^recipe must be"):

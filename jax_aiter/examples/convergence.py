@@ -56,6 +56,9 @@ class Arm:
 _SR_GRAD = Mxfp4Recipe(gradient_stochastic=True)
 ARMS = {
     REFERENCE: Arm(PrecisionPolicy.bf16(), "every projection BF16 (the reference)"),
+    "fp8": Arm(PrecisionPolicy.fp8(), "FP8 current scaling (E4M3 forward, E5M2 gradients) on the blocks, LM head "
+               "and embedding BF16"),
+    "fp8-all": Arm(PrecisionPolicy.fp8(lm_head=True), "FP8 current scaling on every projection, LM head included"),
     "mxfp4": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy: blocks Mxfp4Recipe.default(), LM head and "
                  "embedding BF16"),
     "mxfp4-all": Arm(PrecisionPolicy.mxfp4(lm_head=True), "Mxfp4Recipe.default() on every projection, LM head "
@@ -80,7 +83,7 @@ ARMS = {
     "mxfp4-bf16-first1-last1": Arm(PrecisionPolicy.mxfp4(bf16_first_blocks=1, bf16_last_blocks=1),
                                    "default, the first and the last block BF16"),
 }
-DEFAULT_ARMS = (REFERENCE, "mxfp4", "mxfp4-all")
+DEFAULT_ARMS = (REFERENCE, "fp8", "mxfp4", "mxfp4-all")
 
 
 @dataclasses.dataclass(frozen=True)

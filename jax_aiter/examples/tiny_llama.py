@@ -5,7 +5,7 @@ RMSNorm -> LM head. Two definitions of the same model, which compute the same fu
 (tests/test_flax.py checks it bit for bit):
 
 * ``TinyLlama``, a Flax NNX module built from ``jax_aiter.flax`` (``RMSNorm``, ``Attention``, ``SwiGLU``,
-  ``Linear`` / ``Mxfp4Linear``); defined when Flax is installed (the extra ``jax-aiter[flax]``), and what
+  ``Linear`` / ``Mxfp4Linear`` / ``Fp8Linear``); defined when Flax is installed (the extra ``jax-aiter[flax]``), and what
   :func:`train` uses then;
 * :func:`forward`, the same model as plain functions on a parameter dict, with every projection through
   ``jax_aiter.precision.project`` in the precision the policy gives it: the demo and the convergence benchmark
@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_aiter.activation import silu_and_mul
+from jax_aiter.gemm_fp8 import Fp8Recipe
 from jax_aiter.precision import PrecisionPolicy, Recipe, project
 from jax_aiter.rmsnorm import rms_norm_with_add
 
@@ -205,6 +206,8 @@ if HAS_FLAX:
     def _flax_projection(in_features: int, out_features: int, recipe: Recipe, **options) -> layers.Linear:
         if recipe is None:
             return layers.Linear(in_features, out_features, **options)
+        if isinstance(recipe, Fp8Recipe):
+            return layers.Fp8Linear(in_features, out_features, recipe=recipe, **options)
         return layers.Mxfp4Linear(in_features, out_features, recipe=recipe, **options)
 
     class TinyLlama(nnx.Module):
