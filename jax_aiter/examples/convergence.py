@@ -82,6 +82,8 @@ ARMS = {
     "mxfp4-bf16-last2": Arm(PrecisionPolicy.mxfp4(bf16_last_blocks=2), "default, the last 2 blocks BF16"),
     "mxfp4-bf16-first1-last1": Arm(PrecisionPolicy.mxfp4(bf16_first_blocks=1, bf16_last_blocks=1),
                                    "default, the first and the last block BF16"),
+    "mxfp4-signed-hadamard-bf16-last2": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(hadamard_seed=0), bf16_last_blocks=2),
+                                            "keyed random-sign Hadamard (hadamard_seed=0), the last 2 blocks BF16"),
 }
 DEFAULT_ARMS = (REFERENCE, "fp8", "mxfp4", "mxfp4-all")
 
