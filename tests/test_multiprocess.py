@@ -91,7 +91,7 @@ def _wgrad_magnitude(run: str, a, dy) -> np.ndarray:
     """sum over tokens of |g| |x| for each weight gradient element, in float64: the operands wgrad multiplies
     (mxfp4: the dequantized columnwise copies that the recipe makes; bf16: dy and a themselves)."""
     if run == "mxfp4":
-        g, x = test_sharding.wgrad_operands(a, dy)
+        g, x = test_sharding.fp4_operands("wgrad", a, None, dy)
     else:
         g, x = (_oracle.f64(t).reshape(-1, t.shape[-1]).T for t in (dy, a))
     return np.abs(g) @ np.abs(x).T

@@ -221,6 +221,8 @@ def test_stochastic_rounding_reproducible_and_key_dependent():
     np.testing.assert_array_equal(first, quantize_mxfp4(x, sr_key=jax.random.key(1))[0])
     other = quantize_mxfp4(x, sr_key=jax.random.key(2))[0]
     nearest = quantize_mxfp4(x)[0]
+    # An element a fraction p between grid points: two keys round it apart with chance 2p(1 - p) (1/3 on average),
+    # a key and nearest rounding with min(p, 1 - p) (1/4): 5/9 and 7/16 of the bytes (two elements each) differ.
     assert np.mean(np.asarray(first) != np.asarray(other)) > 0.2
     assert np.mean(np.asarray(first) != np.asarray(nearest)) > 0.2
 
@@ -276,13 +278,16 @@ def test_hadamard_rotation_bit_exact(size, signed):
     np.testing.assert_array_equal(ref_signs, oracle.hadamard_signs(key, 64))
     got = np.asarray(rotate(jnp.asarray(x), size, ref_signs if signed else None))
     np.testing.assert_array_equal(got, oracle.hadamard_rotate(x, size, signs))
-    # It is the orthonormal Sylvester matrix up to float32 rounding, on rows clear of the flushed range.
+    # It is the orthonormal Sylvester matrix up to float32 rounding: each of the log2(size) butterfly stages errs
+    # by 2^-24 of its chunk's sum|x| at most (scaled by 1/sqrt(size) after), the rounded 1/sqrt(size) and the
+    # product by it by 2^-24 of the result each, and flushing below 2^-126 (inputs, stages, the scaled result)
+    # moves an output by less than size 2^-126.
     exact = ((x.astype(np.float64) * (1 if signs is None else signs)).reshape(16, -1, size)
              @ oracle.sylvester_matrix(size)).reshape(16, 64)
-    row_max = np.abs(x).max(axis=1, keepdims=True)
-    normal_rows = row_max[:, 0] > 2.0 ** -100
-    bound = 1e-6 * (np.abs(exact) + row_max)
-    assert np.all((np.abs(got - exact) <= bound)[normal_rows])
+    chunk_sums = np.repeat(np.abs(x.astype(np.float64)).reshape(16, -1, size).sum(axis=2), size, axis=1)
+    bound = 2.0 ** -24 * (np.log2(size) * chunk_sums / np.sqrt(size) + 2 * np.abs(exact)) + size * 2.0 ** -126
+    err = np.abs(got - exact)
+    assert np.all(err <= bound), float(np.max(err / bound))
 
 
 def test_quantization_with_hadamard_matches_oracle():
@@ -296,14 +301,24 @@ def test_paired_hadamard_leaves_the_product_unchanged():
     rng = np.random.default_rng(10)
     x, w = rng.standard_normal((8, 64)), rng.standard_normal((8, 64))
     signs = oracle.hadamard_signs((9, 9), 64)
+    # Bounds in units of |x_i| |w_j| (Cauchy-Schwarz: a rotation keeps norms, so sum|x'_k w'_k| <= |x_i| |w_j|).
+    norms = np.outer(np.linalg.norm(x, axis=1), np.linalg.norm(w, axis=1))
     for size in (16, 32):
         h = np.kron(np.eye(64 // size), oracle.sylvester_matrix(size))
-        np.testing.assert_allclose(h @ h.T, np.eye(64), atol=1e-15)
+        # Float64: the twice-rounded +-1/sqrt(size), its squares and size - 1 additions: 36 units of 2^-53 (< 2^6).
+        np.testing.assert_allclose(h @ h.T, np.eye(64), rtol=0, atol=2.0 ** -47)
         exact_rotation = lambda t: (t * signs) @ h  # noqa: E731
-        np.testing.assert_allclose(exact_rotation(x) @ exact_rotation(w).T, x @ w.T, atol=1e-12)
+        # Float64, in units of 2^-53 |x_i| |w_j|: 64 for each of the two 64-term product sums; each rotated element
+        # errs by size + 2 units of its chunk's norm, a rotated row by (size + 2) sqrt(size) of its norm, twice in
+        # the product (385 at most): under 2^10 in all.
+        ratio = np.abs(exact_rotation(x) @ exact_rotation(w).T - x @ w.T) / (2.0 ** -43 * norms)
+        assert np.all(ratio <= 1), float(np.max(ratio))
         ours = np.asarray(rotate(jnp.asarray(np.concatenate([x, w]), jnp.float32), size, jnp.asarray(signs)),
                           np.float64)
-        np.testing.assert_allclose(ours[:8] @ ours[8:].T, x @ w.T, atol=1e-4)
+        # Float32, in units of 2^-24 |x_i| |w_j|: per rotated row, 1 for rounding the inputs, 2 for the scale and
+        # log2(size) per element of its chunk's norm (log2(size) sqrt(size) of the row's); twice: 63 at most.
+        ratio = np.abs(ours[:8] @ ours[8:].T - x @ w.T) / (2.0 ** -18 * norms)
+        assert np.all(ratio <= 1), float(np.max(ratio))
 
 
 def test_hadamard_key_changes_signs_and_bytes():

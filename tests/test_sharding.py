@@ -80,11 +80,15 @@ def collectives(compiled) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]
     return found
 
 
-def assert_summation_order_close(got, want):
-    """Both are one rounding to bf16 of float32 sums of the same products in different orders: one bf16 unit
-    apart at most, plus float32 error where the sum cancels."""
-    want = _oracle.f64(want)
-    _oracle.assert_close(got, want, jnp.bfloat16, scale=2.0 ** -9 * float(np.max(np.abs(want))))
+def assert_summation_order_close(got, want, a, b):
+    """got and want are a @ b.T (float64 operands whose products are exact in float32) summed in float32 in two
+    orders, each rounded once to bf16. Each sum is within (K - 1) 2^-24 sum|a_k b_k| of the exact value and each
+    rounding within u = 2^-8 of its sum, so |got - want| <= 2^-7 |exact| + 2K 2^-24 sum|a_k b_k| (the (1 + u) on
+    the sums' error fits in K vs K - 1)."""
+    exact = a @ b.T
+    bound = 2.0 ** -7 * np.abs(exact) + a.shape[1] * 2.0 ** -23 * (np.abs(a) @ np.abs(b).T)
+    err = np.abs(_oracle.f64(got).reshape(exact.shape) - _oracle.f64(want).reshape(exact.shape))
+    assert np.all(err <= bound), float(np.max(err / bound))
 
 
 def fp4_step(a, b, dy):
@@ -102,15 +106,24 @@ def fp4_unsharded(m=M, n=N):
     return unsharded(fp4_step, *fp4_inputs(m, n))
 
 
-def wgrad_operands(a, dy):
-    """The dequantized columnwise copies of g [N, M] and x [K, M] that wgrad multiplies, made by hand as the
-    recipe says (float64, Hadamard-rotated along M)."""
+# Per GEMM, the copies it multiplies as A [rows, contraction] . B [cols, contraction]^T: (tensor, role, columnwise).
+FP4_GEMM_COPIES = {"fprop": (("x", "activation", False), ("w", "weight", False)),
+                   "dgrad": (("g", "gradient", False), ("w", "weight", True)),
+                   "wgrad": (("g", "gradient", True), ("x", "activation", True))}
+
+
+def fp4_operands(gemm, a, b, dy):
+    """The dequantized copies that one GEMM of fp4_step multiplies, made by hand as the recipe says (float64,
+    Hadamard-rotated along the contraction): fprop x [M, K] . w [N, K]^T, dgrad g [M, N] . w^T's copy [K, N]^T,
+    wgrad g^T's copy [N, M] . x^T's copy [K, M]^T."""
+    tensors = {"x": a, "w": b, "g": dy}
     copies = []
-    for t, role in ((dy, "gradient"), (a, "activation")):
+    for name, role, columnwise in FP4_GEMM_COPIES[gemm]:
+        t = tensors[name]
         with jax.default_device(DEVICES[0]):
-            data, scales = cast_mxfp4(t.reshape(M, -1), columnwise=True,
-                                      sr_key=role_sr_key(jnp.asarray(KEY), role), hadamard=RECIPE.wgrad_hadamard,
-                                      hadamard_key=RECIPE.hadamard_seed)
+            data, scales = cast_mxfp4(t.reshape(-1, t.shape[-1]), columnwise=columnwise,
+                                      sr_key=role_sr_key(jnp.asarray(KEY), role),
+                                      hadamard=getattr(RECIPE, f"{gemm}_hadamard"), hadamard_key=RECIPE.hadamard_seed)
             copies.append(_oracle.f64(dequantize_mxfp4(data, scales)))
     return copies
 
@@ -136,15 +149,19 @@ def test_fp4_training_step_sharded_equals_unsharded(layout):
     y0, da0, db0 = fp4_unsharded()
     assert y.sharding == da.sharding == act and db.sharding == weight
     # fprop and dgrad multiply the same quantized bytes over the whole contraction on every device.
-    assert_summation_order_close(y, y0)
-    assert_summation_order_close(da, da0)
-    # wgrad sums one bf16 partial product per token block (AITER's FP4 GEMM writes bf16), so it differs from the
-    # unsharded wgrad by the rounding of each partial, at most 2^-9 of its magnitude (bound: twice that), plus
-    # the final roundings.
-    g_cols, x_cols = (np.split(t, blocks(mesh, tokens), axis=1) for t in wgrad_operands(a, dy))
-    partials = sum(np.abs(g @ x.T) for g, x in zip(g_cols, x_cols))
-    bound = 2.0 ** -8 * (partials + np.abs(_oracle.f64(db0)))
-    assert np.all(np.abs(_oracle.f64(db) - _oracle.f64(db0)) <= bound)
+    assert_summation_order_close(y, y0, *fp4_operands("fprop", a, b, dy))
+    assert_summation_order_close(da, da0, *fp4_operands("dgrad", a, b, dy))
+    # wgrad rounds one bf16 partial product per token block (AITER's FP4 GEMM writes bf16), sums the J partials
+    # in float32 and rounds once; the unsharded wgrad rounds one float32 sum once. Each rounding moves its value
+    # by at most u = 2^-8 of it: |db - db0| <= u (2 |exact| + sum_j |partial_j|) plus the float32 sums' error,
+    # (2M + J) 2^-24 sum|g x| at most (2 (M + J) with the (1 + u) factors).
+    g_cols, x_cols = fp4_operands("wgrad", a, b, dy)
+    parts = blocks(mesh, tokens)
+    partials = sum(np.abs(g @ x.T) for g, x in zip(np.split(g_cols, parts, axis=1), np.split(x_cols, parts, axis=1)))
+    bound = (2.0 ** -8 * (2 * np.abs(g_cols @ x_cols.T) + partials)
+             + (M + parts) * 2.0 ** -23 * (np.abs(g_cols) @ np.abs(x_cols).T))
+    err = np.abs(_oracle.f64(db) - _oracle.f64(db0))
+    assert np.all(err <= bound), float(np.max(err / bound))
 
     ops = collectives(compiled)
     gathers = [types for op, types in ops if op == "all-gather"]
@@ -177,7 +194,7 @@ def test_fp4_quantized_copies_are_bit_identical(layout):
     sharded = jax.jit(fprop, in_shardings=(NamedSharding(mesh, P(tokens, None)), NamedSharding(mesh, weight_spec)))
     got, want = sharded(x, b), unsharded(fprop, x, b)
     assert [t.dtype for t in got[1:]] == [jnp.uint8] * 4
-    assert_summation_order_close(got[0], want[0])
+    assert_summation_order_close(got[0], want[0], *fp4_operands("fprop", a, b, None))
     for g, w in zip(got[1:], want[1:]):
         np.testing.assert_array_equal(g, w)
 
@@ -192,7 +209,7 @@ def test_fp4_inference_gathers_only_fp4_weight_bytes():
         return gemm_fp4_bf16(a, b, RECIPE, key=KEY)
 
     compiled = jax.jit(forward, in_shardings=(act, weight), out_shardings=act).lower(a, b).compile()
-    assert_summation_order_close(compiled(a, b), fp4_unsharded()[0])
+    assert_summation_order_close(compiled(a, b), fp4_unsharded()[0], *fp4_operands("fprop", a, b, None))
     ops = collectives(compiled)
     assert {op for op, _ in ops} == {"all-gather"}
     assert sorted(s for _, types in ops for dtype, s in types if dtype == "u8") == [(N, K // 32), (N, K // 2)]
@@ -247,8 +264,10 @@ def test_gemm_sharded_equals_unsharded(layout):
     compiled = jax.jit(gemm_step, in_shardings=(act, weight, act),
                        out_shardings=(act, act, weight)).lower(a, b, dy).compile()
     # wgrad's partial products are reduced in float32 and rounded once, like the unsharded GEMM.
-    for got, want in zip(compiled(a, b, dy), unsharded(gemm_step, a, b, dy)):
-        assert_summation_order_close(got, want)
+    a2, b2, g2 = (_oracle.f64(t) for t in (a.reshape(64, 64), b, dy.reshape(64, 64)))
+    operands = ((a2, b2), (g2, b2.T), (g2.T, a2.T))  # y = a . b^T, da = g . b, db = g^T . a
+    for got, want, (left, right) in zip(compiled(a, b, dy), unsharded(gemm_step, a, b, dy), operands):
+        assert_summation_order_close(got, want, left, right)
     ops = {op for op, _ in collectives(compiled)}
     assert "all-gather" in ops
     token_axes, weight_axes = set(spec_axes(*act_spec)), set(spec_axes(*weight_spec))
