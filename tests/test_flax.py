@@ -19,6 +19,7 @@ from jax_aiter.activation import silu_and_mul  # noqa: E402
 from jax_aiter.gemm import gemm  # noqa: E402
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, WeightWorkspace, gemm_fp4_bf16  # noqa: E402
 from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8  # noqa: E402
+from jax_aiter.precision import PrecisionPolicy  # noqa: E402
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add  # noqa: E402
 
 MIXED = Mxfp4Recipe(activation_scale_rule="floor", fprop_hadamard=32, dgrad_hadamard=16, hadamard_seed=7)
@@ -280,12 +281,30 @@ def test_demo_model_from_layers_equals_the_functional_definition():
     pytest.importorskip("jax_aiter.mha")
     from jax_aiter.examples import tiny_llama
 
-    cfg = tiny_llama.Config(batch=2, seq_len=16)
+    cfg = tiny_llama.Config(batch=2, seq_len=16, layers=3)
     params = tiny_llama.init_params(cfg, jax.random.key(0))
     tokens = tiny_llama.make_batch(cfg, jax.random.key(1))
-    for recipe in (None, Mxfp4Recipe.default()):
-        model = tiny_llama.TinyLlama(cfg, recipe=recipe, rngs=nnx.Rngs(0)).load(params)
-        linear = gemm if recipe is None else functools.partial(gemm_fp4_bf16, recipe=recipe)
-        _equal(model(tokens), tiny_llama.forward(params, tokens, cfg, linear))
+    policies = (PrecisionPolicy.bf16(), PrecisionPolicy.mxfp4(), PrecisionPolicy.mxfp4(MIXED, lm_head=True),
+                PrecisionPolicy.mxfp4(embedding=True, bf16_first_blocks=1, bf16_last_blocks=1),
+                PrecisionPolicy.fp8(lm_head=True))
+    logits = []
+    for policy in policies:
+        model = tiny_llama.TinyLlama(cfg, policy=policy, rngs=nnx.Rngs(0)).load(params)
+        logits.append(model(tokens))
+        _equal(logits[-1], tiny_llama.forward(params, tokens, cfg, policy))
+    # Each policy changes the numerics, so each comparison above checked a different model.
+    for i, a in enumerate(logits):
+        for b in logits[i + 1:]:
+            assert not np.array_equal(np.asarray(a), np.asarray(b))
+    # The layers each policy builds: BF16 Linear where the policy says None, Mxfp4Linear with its recipe elsewhere.
+    model = tiny_llama.TinyLlama(cfg, policy=policies[3], rngs=nnx.Rngs(0))
+    assert isinstance(model.embed, layers.Mxfp4Linear) and model.embed.weight.shape == (cfg.dim, cfg.vocab)
+    kinds = [type(block.mlp.down) for block in model.blocks]
+    assert kinds == [layers.Linear, layers.Mxfp4Linear, layers.Linear]
+    assert type(model.head) is layers.Linear
+    fp8 = tiny_llama.TinyLlama(cfg, policy=policies[4], rngs=nnx.Rngs(0))
+    assert isinstance(fp8.head, layers.Fp8Linear) and isinstance(fp8.blocks[0].attention.q_proj, layers.Fp8Linear)
+    with pytest.raises(TypeError, match="^policy must be a PrecisionPolicy"):
+        tiny_llama.TinyLlama(cfg, policy=Mxfp4Recipe.default(), rngs=nnx.Rngs(0))
     short = tiny_llama.Config(steps=3)
     assert tiny_llama.train(short, use_flax=True) == tiny_llama.train(short, use_flax=False)
