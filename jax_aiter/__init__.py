@@ -4,7 +4,14 @@ Op families live in submodules (``jax_aiter.rmsnorm``, ``.activation``, ``.gemm`
 separately packaged ``jax_aiter.mha``). This module only exposes backend control and reporting.
 """
 
+import os
+
 import jax_aiter._optional  # noqa: F401  (a missing jax_aiter.mha names the package to install)
+
+# JAX_AITER_BACKEND is read and checked when the package is imported (docs/backends.md), by the backend registry,
+# which imports jax. Without it, importing the package imports no jax (the CLI, `jax-aiter recipe --dry-run`).
+if os.environ.get("JAX_AITER_BACKEND"):
+    import jax_aiter._backend  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = ["export", "info", "use_backend", "__version__"]

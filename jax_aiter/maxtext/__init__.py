@@ -12,12 +12,12 @@ environment without importing jax. This module imports neither jax nor MaxText u
 is called.
 """
 
-from jax_aiter.maxtext._resolve import (ATTENTION_KERNEL, MODES, RECIPES, TESTED_MAXTEXT_VERSIONS, Recipe,
-                                        RecipeRun, resolve)
+from jax_aiter.maxtext._resolve import (ATTENTION_KERNEL, MODES, RECIPES, TESTED_MAXTEXT_VERSIONS, RecipeRun,
+                                        TrainingRecipe, resolve)
 from jax_aiter.maxtext._runner import recipe_command, run, versions
 
-__all__ = ["ATTENTION_KERNEL", "MODES", "RECIPES", "TESTED_MAXTEXT_VERSIONS", "AiterQuantization", "Recipe",
-           "RecipeRun", "disable", "enable", "enabled_policy", "policy_dot_general", "policy_for_mode",
+__all__ = ["ATTENTION_KERNEL", "MODES", "RECIPES", "TESTED_MAXTEXT_VERSIONS", "AiterQuantization", "RecipeRun",
+           "TrainingRecipe", "disable", "enable", "enabled_policy", "policy_dot_general", "policy_for_mode",
            "recipe_command", "resolve", "run", "versions"]
 
 # Names that need MaxText and jax, imported from jax_aiter.maxtext._integration on first use.

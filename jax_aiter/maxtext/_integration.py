@@ -106,7 +106,7 @@ class AiterDotGeneral(nn.Module):
 class AiterQuantization(quantizations.Quantization):
     """MaxText ``Quantization`` running every block projection through ``policy.linear``."""
 
-    policy: PrecisionPolicy = dataclasses.field(default_factory=PrecisionPolicy.mxfp4)
+    policy: PrecisionPolicy
     # The GEMMs draw no random numbers (stochastic recipes are refused), so MaxText may drop the bridge's rngs.
     needs_apply_rngs: ClassVar[bool] = False
     # Read by MaxText's in_serve_mode / in_convert_mode: this is a training mode.

@@ -15,7 +15,8 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
-__all__ = ["ATTENTION_KERNEL", "MODES", "RECIPES", "TESTED_MAXTEXT_VERSIONS", "RecipeRun", "Recipe", "resolve"]
+__all__ = ["ATTENTION_KERNEL", "MODES", "RECIPES", "TESTED_MAXTEXT_VERSIONS", "RecipeRun", "TrainingRecipe",
+           "resolve"]
 
 TESTED_MAXTEXT_VERSIONS = ("0.2.5",)
 # The value of MaxText's `attention` key that jax_aiter.maxtext.enable routes to flash_attn_func (MaxText itself
@@ -44,7 +45,7 @@ _LLAMA_WARMUP_STEPS = 4096 // _LLAMA_GLOBAL_BATCH
 
 
 @dataclasses.dataclass(frozen=True)
-class Recipe:
+class TrainingRecipe:
     """A model and its training setup: MaxText overrides, device count and XLA flags."""
 
     name: str
@@ -76,6 +77,8 @@ def _common(recipe_devices: int, per_device_batch: int, seq_len: int) -> tuple[t
         ("packing", "false"),
         ("enable_checkpointing", "false"),
         ("enable_tensorboard", "false"),
+        # No persistent compilation cache (MaxText's default is ~/jax_cache): a run compiles what it runs.
+        ("jax_cache_dir", ""),
         ("skip_jax_distributed_system", "true"),
         ("opt_type", "adamw"),
         ("adam_b1", "0.9"),
@@ -90,7 +93,7 @@ def _common(recipe_devices: int, per_device_batch: int, seq_len: int) -> tuple[t
 
 
 RECIPES = {
-    "llama3.1-8b": Recipe(
+    "llama3.1-8b": TrainingRecipe(
         name="llama3.1-8b",
         summary="Llama 3.1 8B (MaxText model_name=llama3.1-8b), one node of 8 GPUs",
         hardware="gpu", devices=8, per_device_batch=4, seq_len=8192, default_steps=_LLAMA_SCHEDULE_STEPS,
@@ -109,7 +112,7 @@ RECIPES = {
         xla_flags=("--xla_gpu_enable_latency_hiding_scheduler=true",),
         eval_steps=1024 // _LLAMA_GLOBAL_BATCH, eval_interval=12_288 // _LLAMA_GLOBAL_BATCH,
     ),
-    "cpu-tiny": Recipe(
+    "cpu-tiny": TrainingRecipe(
         name="cpu-tiny",
         summary="a 2-layer Llama-style decoder (MaxText decoder_block=llama2, width 256) on 8 virtual CPU devices",
         hardware="cpu", devices=8, per_device_batch=1, seq_len=64, default_steps=12,
@@ -154,7 +157,7 @@ def maxtext_location() -> tuple[str | None, Path | None]:
 class RecipeRun:
     """A resolved run: everything the training process is started with."""
 
-    recipe: Recipe
+    recipe: TrainingRecipe
     mode: str
     out: Path
     steps: int
