@@ -173,11 +173,11 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         if log is None and name == arms[0]:
             print("mlperf-logging is not installed (pip install 'jax-aiter[convergence]'): no MLPerf log",
                   file=sys.stderr)
+        record = convergence.train_arm(setup, data, name, convergence.ARMS[name],
+                                       on_step=_training_bar(name, cfg.steps), log=log)
         try:
-            record = convergence.train_arm(setup, data, name, convergence.ARMS[name],
-                                           on_step=_training_bar(name, cfg.steps), log=log)
             results = convergence.merge(results, setup, data.corpus, name, record)
-        except (ValueError, convergence.SetupMismatch) as err:
+        except convergence.SetupMismatch as err:
             return fail(f"arm {name}: {err}")
         written = convergence.save(results, out)  # after every arm, so a cut-off run keeps the finished arms
     table = convergence.gaps(results)
@@ -189,6 +189,8 @@ def cmd_convergence(args: argparse.Namespace) -> int:
     print(convergence.GAP_DEFINITION)
     for path in written:
         print(f"wrote {path}")
+    if not any(path.suffix == ".png" for path in written):
+        print("matplotlib is not installed (pip install 'jax-aiter[convergence]'): no convergence.png", file=sys.stderr)
     if args.max_gap is None:
         return 0
     # A NaN gap (a diverged arm) fails too: it is not <= the threshold.

@@ -200,16 +200,19 @@ def _text_loss(params, tokens, cfg, policy, key):
 def _clip_by_global_norm(grads, max_norm: float):
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
     factor = jnp.minimum(1.0, max_norm / (norm + 1e-6))
-    return jax.tree.map(lambda g: g * factor, grads), norm
+    return jax.tree.map(lambda g: g * factor, grads)
 
 
-def _make_step(setup: Setup, policy: PrecisionPolicy):
+def _make_step(setup: Setup, policy: PrecisionPolicy, sr_key: jax.Array):
+    """One training step; stochastic rounding at step t uses ``fold_in(sr_key, t)``."""
     cfg = setup.config
 
-    def step(params, opt_state, tokens, key):
+    def step(params, opt_state, tokens):
+        t = opt_state["t"]
+        key = jax.random.fold_in(sr_key, t)
         loss, grads = jax.value_and_grad(_text_loss)(params, tokens, cfg, policy, key)
-        grads, _ = _clip_by_global_norm(grads, setup.clip_norm)
-        params, opt_state = tiny_llama.adam_update(params, grads, opt_state, setup.learning_rate(opt_state["t"]))
+        grads = _clip_by_global_norm(grads, setup.clip_norm)
+        params, opt_state = tiny_llama.adam_update(params, grads, opt_state, setup.learning_rate(t))
         return params, opt_state, loss
 
     return step
@@ -235,10 +238,9 @@ def train_arm(setup: Setup, data: Data, name: str, arm: Arm, *,
     params = tiny_llama.init_params(cfg, base_key)
     init_sha256 = _sha256(jax.tree.leaves(jax.device_get(params)))
     opt_state = tiny_llama.adam_init(params)
-    step_fn = jax.jit(_make_step(setup, policy), donate_argnums=(0, 1))
+    step_fn = jax.jit(_make_step(setup, policy, jax.random.fold_in(base_key, 1)), donate_argnums=(0, 1))
     eval_fn = jax.jit(lambda params, tokens: _text_loss(params, tokens, cfg, policy, jax.random.key(0)))
     held_out = [jnp.asarray(b) for b in data.held_out]
-    sr_key = jax.random.fold_in(base_key, 1)
 
     def evaluate(step: int) -> float:
         if log:
@@ -262,7 +264,7 @@ def train_arm(setup: Setup, data: Data, name: str, arm: Arm, *,
     for step, batch in enumerate(itertools.islice(batches, cfg.steps)):
         data_digest.update(np.ascontiguousarray(batch).tobytes())
         t0 = time.perf_counter()
-        params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(batch), jax.random.fold_in(sr_key, step))
+        params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(batch))
         train_loss.append(float(loss))  # waits for the step: the time below is the step's
         seconds.append(time.perf_counter() - t0)
         done = step + 1
@@ -304,7 +306,7 @@ def lower_step(setup: Setup, policy: PrecisionPolicy) -> jax.stages.Lowered:
     params = jax.eval_shape(functools.partial(tiny_llama.init_params, cfg), jax.random.key(0))
     opt_state = jax.eval_shape(tiny_llama.adam_init, params)
     tokens = jax.ShapeDtypeStruct((cfg.batch, cfg.seq_len + 1), jnp.int32)
-    return jax.jit(_make_step(setup, policy)).lower(params, opt_state, tokens, jax.random.key(0))
+    return jax.jit(_make_step(setup, policy, jax.random.key(0))).lower(params, opt_state, tokens)
 
 
 # --- results -------------------------------------------------------------------------------------------------
@@ -392,14 +394,15 @@ def save(results: dict, out_dir: Path) -> list[Path]:
     except ModuleNotFoundError:
         return written  # the plot is optional; the JSON holds every number
     fig, (held_ax, train_ax) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for name, arm in results["arms"].items():
+    for i, (name, arm) in enumerate(results["arms"].items()):
         row = results["summary"][name]
         gap = "" if row["held_out_gap"] is None else f", {100 * row['held_out_gap']:+.2f} %"
-        held_ax.plot(arm["eval_steps"], arm["held_out_loss"], marker=".", linewidth=1,
+        color = plt.cm.tab20(i % 20)
+        held_ax.plot(arm["eval_steps"], arm["held_out_loss"], marker=".", linewidth=1, color=color,
                      label=f"{name} ({row['held_out']:.4f}{gap})")
         window = max(1, len(arm["train_loss"]) // 50)
         smooth = np.convolve(arm["train_loss"], np.ones(window) / window, mode="valid")
-        train_ax.plot(np.arange(window, len(arm["train_loss"]) + 1), smooth, linewidth=1, label=name)
+        train_ax.plot(np.arange(window, len(arm["train_loss"]) + 1), smooth, linewidth=1, color=color, label=name)
     setup = results["setup"]
     for ax, what in ((held_ax, "held-out loss"), (train_ax, "training loss (moving mean)")):
         ax.set_yscale("log")

@@ -1,12 +1,13 @@
-"""A tiny Llama-style decoder built from jax_aiter's layers, and a synthetic task it can learn in seconds.
+"""A Llama-style decoder built from jax_aiter's layers (tiny by default; ``models.MODELS`` has larger shapes), and
+a synthetic task the tiny one learns in seconds (the demo; ``convergence`` trains it on real text).
 
 Model: token embedding -> N x [RMSNorm -> GQA causal attention -> residual add + RMSNorm -> SwiGLU MLP] ->
 RMSNorm -> LM head. Two definitions of the same model, which compute the same function from the same weights
 (tests/test_flax.py checks it bit for bit):
 
 * ``TinyLlama``, a Flax NNX module built from ``jax_aiter.flax`` (``RMSNorm``, ``Attention``, ``SwiGLU``,
-  ``Linear`` / ``Mxfp4Linear`` / ``Fp8Linear``); defined when Flax is installed (the extra ``jax-aiter[flax]``), and what
-  :func:`train` uses then;
+  ``Linear`` / ``Mxfp4Linear`` / ``Fp8Linear``); defined when Flax is installed (the extra ``jax-aiter[flax]``),
+  and what :func:`train` uses then;
 * :func:`forward`, the same model as plain functions on a parameter dict, with every projection through
   ``jax_aiter.precision.project`` in the precision the policy gives it: the demo and the convergence benchmark
   run on it without Flax.
