@@ -4,11 +4,30 @@ Op families live in submodules (``jax_aiter.rmsnorm``, ``.activation``, ``.gemm`
 separately packaged ``jax_aiter.mha``). This module only exposes backend control and reporting.
 """
 
-from jax_aiter._backend import use_backend
-from jax_aiter._export import export
+import os
+
+import jax_aiter._optional  # noqa: F401  (a missing jax_aiter.mha names the package to install)
+
+# JAX_AITER_BACKEND is read and checked when the package is imported (docs/backends.md), by the backend registry,
+# which imports jax. Without it, importing the package imports no jax (the CLI, `jax-aiter recipe --dry-run`).
+if os.environ.get("JAX_AITER_BACKEND"):
+    import jax_aiter._backend  # noqa: F401
 
 __version__ = "0.1.0"
 __all__ = ["export", "info", "use_backend", "__version__"]
+
+
+def __getattr__(name: str):
+    # Imported on first use, so that importing the package (the CLI, a runner's --dry-run) does not import jax.
+    if name == "use_backend":
+        from jax_aiter._backend import use_backend
+
+        return use_backend
+    if name == "export":
+        from jax_aiter._export import export
+
+        return export
+    raise AttributeError(f"module 'jax_aiter' has no attribute {name!r}")
 
 
 def info() -> str:
@@ -16,6 +35,3 @@ def info() -> str:
     from jax_aiter import _report
 
     return _report.info()
-
-
-import jax_aiter._optional  # noqa: E402,F401  (a missing jax_aiter.mha names the package to install)

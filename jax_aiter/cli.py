@@ -1,7 +1,8 @@
 """The ``jax-aiter`` command: ``info`` (which implementation each op takes here), ``demo`` (train the tiny
 Llama-style model on the CPU or GPU), ``bench`` (every op against plain JAX and cuDNN, docs/performance.md),
-``convergence`` (the same model on real text once per precision policy, compared with BF16) and
-``check-aiter`` (an AITER tree's GEMM code objects and tables against the bridge's argument blocks)."""
+``convergence`` (the same model on real text once per precision policy, compared with BF16),
+``check-aiter`` (an AITER tree's GEMM code objects and tables against the bridge's argument blocks) and ``recipe``
+(a MaxText recipe run with jax-aiter's ops, docs/recipes/mxfp4_llama3_8b_maxtext.md)."""
 
 from __future__ import annotations
 
@@ -229,6 +230,12 @@ def cmd_check_aiter(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_recipe(args: argparse.Namespace) -> int:
+    from jax_aiter.maxtext import recipe_command
+
+    return recipe_command(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="jax-aiter", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -279,6 +286,20 @@ def main(argv: list[str] | None = None) -> int:
     check.add_argument("--objdump", help="llvm-objdump with AMDGPU support (default: ROCm's or PATH's)")
     check.add_argument("--no-disassembly", action="store_true", help="skip the kernarg-load checks")
     check.set_defaults(run=cmd_check_aiter)
+    recipe = sub.add_parser("recipe", help="resolve or run a MaxText recipe with jax-aiter's GEMMs and attention "
+                            "(docs/recipes/mxfp4_llama3_8b_maxtext.md)")
+    recipe.add_argument("recipe", choices=["llama3.1-8b", "cpu-tiny"])
+    recipe.add_argument("--mode", required=True, choices=["mxfp4", "fp8", "bf16"])
+    recipe.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
+    recipe.add_argument("--steps", type=_at_least(1), help="training steps (default: the recipe's)")
+    recipe.add_argument("--data", help="training set: a Megatron .bin/.idx prefix (default: synthetic)")
+    recipe.add_argument("--eval-data", help="held-out set: a Megatron .bin/.idx prefix (with --data)")
+    recipe.add_argument("--eod-id", type=_at_least(0), help="end-of-document token id of --data's preprocessing")
+    recipe.add_argument("--dump-hlo", action="store_true", help="dump the training step's HLO to OUT/hlo")
+    recipe.add_argument("--set", action="append", metavar="KEY=VALUE", help="a MaxText override (repeatable)")
+    recipe.add_argument("--dry-run", action="store_true",
+                        help="print the resolved MaxText arguments, XLA flags and environment; import no jax")
+    recipe.set_defaults(run=cmd_recipe)
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"]:  # the benchmark parses its own options (jax-aiter bench --help)
         return cmd_bench(argparse.Namespace(bench_args=argv[1:]))
