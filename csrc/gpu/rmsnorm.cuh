@@ -216,12 +216,13 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_forward_kernel(RmsNor
 
 namespace rms_norm_detail {
 
-// A register-resident row's dot product sum(dy * gamma * x) overflows float32 for x near its largest values:
-// such a row (its block sum not finite, which also holds for Inf or NaN inputs) is summed again with x scaled
-// by 2^-64. 1/rms is a float32 subnormal for rms above 2^126, with 21 or more significant bits there: GPU
-// kernels keep subnormals (XLA's CPU runtime does not, hence the CPU kernel's double), and 2^64 / rms is normal.
-inline constexpr float kDotOverflowScale = 0x1p-64f;
-inline constexpr float kDotOverflowUnscale = 0x1p64f;
+// One term of mean(dy * gamma * n), n = x / rms, as (dy * gamma) * (n / cols): the sum of these is at most
+// max |dy * gamma| (mean(n^2) <= 1), so it overflows only where dx does. 1/rms is a float32 subnormal for rms
+// above 2^126, with 21 or more significant bits there: GPU kernels keep subnormals (XLA's CPU runtime does not,
+// hence the CPU kernel's double).
+__device__ __forceinline__ float mean_dot_term(float dy, float g, float x, float inv_rms, float inv_cols) {
+  return dy * g * (x * inv_rms * inv_cols);
+}
 
 // Writes dx = (dy * gamma - n * mean_dot) / rms (+ d_sum) for one access, n = x / rms; `mean_dot` holds the
 // row's mean(dy * gamma * n) and d_sum the fused add's cotangent (zeros without it).
@@ -293,23 +294,24 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1) rms_norm_backward_kernel(Rm
           for (int k = 0; k < kVec; ++k) dot += E::load(dy[i].v[k]) * E::load(g[i].v[k]) * E::load(x[i].v[k]);
         }
       }
-      float row_dot = gpu::block_sum(dot, scratch);
-      float dot_unscale = 1.f;
+      // The plain dot product sum(dy * gamma * x) overflows for x near float32's largest values (a row whose
+      // block sum is not finite, which also holds for Inf or NaN inputs): such a row is summed again as
+      // mean_dot_term's, from the registers.
+      const float row_dot = gpu::block_sum(dot, scratch);
+      const float inv_rms = 1.f / a.rms[row];
+      float mean_dot = row_dot * inv_cols * inv_rms;
       if (!(fabsf(row_dot) <= FLT_MAX)) {
-        dot_unscale = kDotOverflowUnscale;
-        float scaled_dot = 0.f;
+        float terms = 0.f;
 #pragma unroll
         for (int i = 0; i < kItems; ++i) {
           if (t + i * stride < accesses) {
 #pragma unroll
             for (int k = 0; k < kVec; ++k)
-              scaled_dot += E::load(dy[i].v[k]) * E::load(g[i].v[k]) * (E::load(x[i].v[k]) * kDotOverflowScale);
+              terms += mean_dot_term(E::load(dy[i].v[k]), E::load(g[i].v[k]), E::load(x[i].v[k]), inv_rms, inv_cols);
           }
         }
-        row_dot = gpu::block_sum(scaled_dot, scratch);
+        mean_dot = gpu::block_sum(terms, scratch);
       }
-      const float inv_rms = 1.f / a.rms[row];
-      const float mean_dot = row_dot * inv_cols * (inv_rms * dot_unscale);
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
         const int j = t + i * stride;
@@ -348,8 +350,8 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1) rms_norm_backward_kernel(Rm
   }
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const int64_t row_start = row * a.cols;
-    // Rows longer than the registers hold are read twice anyway: the dot product is taken of n = x / rms,
-    // which cannot overflow, at one multiplication an element.
+    // Rows longer than the registers hold are read twice anyway: their mean is summed as mean_dot_term's
+    // directly, at two multiplications an element.
     const float inv_rms = 1.f / a.rms[row];
     CompensatedSum dot;
     for (int j = t; j < accesses; j += stride) {
@@ -359,10 +361,10 @@ __global__ void __launch_bounds__(kRowMaxThreads, 1) rms_norm_backward_kernel(Rm
       load_floats<E, kVec>(a.gamma + j * kVec, g);
       float access_dot = 0.f;
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) access_dot += dy[k] * g[k] * (x[k] * inv_rms);
+      for (int k = 0; k < kVec; ++k) access_dot += mean_dot_term(dy[k], g[k], x[k], inv_rms, inv_cols);
       dot.add(access_dot);
     }
-    const float mean_dot = gpu::block_sum(dot.sum, scratch) * inv_cols;
+    const float mean_dot = gpu::block_sum(dot.sum, scratch);
     for (int j = t; j < accesses; j += stride) {
       float dy[kVec], n[kVec], g[kVec], d_sum[kVec] = {};
       load_floats<E, kVec>(a.dy + row_start + int64_t{j} * kVec, dy);
