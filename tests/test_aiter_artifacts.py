@@ -355,7 +355,8 @@ if [ "$1" = "--version" ]; then
   exit 0
 fi
 for last; do :; done
-echo "llvm-objdump: error: '$last': can't find target: : error: unable to get target for 'unknown--', see --version and --triple." >&2
+printf "llvm-objdump: error: '%s': can't find target: : error: unable to get target for 'unknown--', %s\n" \
+  "$last" "see --version and --triple." >&2
 exit 1
 """
 

@@ -347,9 +347,9 @@ def test_interface_check_refuses_code_object_names_outside_the_tree(tmp_path, co
     assert (table.parent.parent / "../../../outside.co").resolve() == (tmp_path / "outside.co").resolve()
     refused = validate.asset_name_problem(co_name)
     assert refused == f"co_name {co_name!r} is not a relative path inside the asset folder (the launcher refuses it)"
-    assert build.check_interface(aiter, ("gfx942", "gfx950")) == [f"hsa/gfx942/bf16gemm/bf16gemm_fp32bf16.csv: {refused}"]
-    problems = validate.check_table("t.csv", "bf16gemm", validate.read_table(table))[0]
-    assert problems == [f"t.csv:2: {refused}"]
+    problems = build.check_interface(aiter, ("gfx942", "gfx950"))
+    assert problems == [f"hsa/gfx942/bf16gemm/bf16gemm_fp32bf16.csv: {refused}"]
+    assert validate.check_table("t.csv", "bf16gemm", validate.read_table(table))[0] == [f"t.csv:2: {refused}"]
 
 
 @needs_git

@@ -248,7 +248,8 @@ __device__ __forceinline__ void backward_store(const RmsNormBackwardArgs<typenam
 // At least one block per multiprocessor: without that bound ptxas spills the scalar (kVec = 1) kernels' few
 // extra registers to stay at its 32- and 40-register occupancy steps.
 template <typename E, int kVec, int kItems, bool kFused>
-__global__ void __launch_bounds__(kRowMaxThreads, 1) rms_norm_backward_kernel(RmsNormBackwardArgs<typename E::Storage> a) {
+__global__ void __launch_bounds__(kRowMaxThreads, 1)
+    rms_norm_backward_kernel(RmsNormBackwardArgs<typename E::Storage> a) {
   using namespace rms_norm_detail;
   __shared__ float scratch[gpu::kMaxWaves];
   const int accesses = static_cast<int>(a.cols / kVec);

@@ -11,7 +11,7 @@ the ELF code objects and their ``NT_AMDGPU_METADATA`` note (msgpack) with the st
 ``llvm-objdump`` (``objdump=``) it also disassembles each kernel and checks that every kernarg offset the code
 loads is a field the launcher fills, used in the unit the bridge passes. An llvm-objdump that cannot disassemble
 an architecture present (LLVM 14, Debian's default, knows neither gfx942 nor gfx950) is one problem, naming its
-version and the one needed; those code objects are checked without their loads, never reported missing.
+version and the versions needed; those code objects are checked without their loads, never reported missing.
 
 A leaf module: it imports no jax_aiter op module and nothing outside the standard library.
 """
