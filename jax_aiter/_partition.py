@@ -14,7 +14,7 @@ Operands and results are described by one word per dimension:
 * ``m`` (or any other lower-case name but ``n``/``k``), and each leading dimension covered by ``...``: a token
   dimension. Token dimensions keep the sharding they arrive with.
 * ``n``, ``k``: the weight's N and K. They keep the weight's sharding; the local function gathers them.
-* ``_``: replicated (an activation's feature axis, a key).
+* ``_``: replicated (an activation's feature axis, a key). An empty spec is a scalar, replicated.
 * ``name/p``: the same dimension packed, ``p`` logical elements per stored index (fp4 bytes: 2, MXFP4 scales: 32).
 
 A dimension whose sharding does not divide it into whole blocks of the op's multiple for it (32-element

@@ -10,11 +10,13 @@ from __future__ import annotations
 import jax
 
 from jax_aiter import _backend, _native
-from jax_aiter import activation, gemm, gemm_fp4, rmsnorm  # noqa: F401  (declare their ops)
+from jax_aiter import activation, gemm, gemm_fp4, gemm_fp8, rmsnorm  # noqa: F401  (declare their ops)
 
+# `import jax_aiter.mha`, not `from jax_aiter import mha`: the latter turns the ModuleNotFoundError of a missing
+# subpackage into an ImportError ("cannot import name").
 try:
-    from jax_aiter import mha  # noqa: F401
-except ModuleNotFoundError as err:  # shipped separately (jax-aiter-mha)
+    import jax_aiter.mha  # noqa: F401
+except ModuleNotFoundError as err:  # shipped separately (jax-aiter-mha, or the full wheel jax-aiter)
     if err.name is None or not err.name.startswith("jax_aiter"):
         raise
 

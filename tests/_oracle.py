@@ -1,5 +1,6 @@
 """float64 numpy oracles and a dtype-aware comparison shared by the op tests."""
 
+import ml_dtypes
 import numpy as np
 
 # Relative tolerance per output dtype: a few units in the last place, since kernels and references may sum in
@@ -12,14 +13,18 @@ def f64(x) -> np.ndarray:
 
 
 def assert_close(actual, expected, dtype, scale=None, factor=1.0):
-    """|actual - expected| <= rtol * (|expected| + scale), scale defaulting to the rms of expected (absorbs
-    cancellation near zero, where a relative bound is meaningless)."""
+    """|actual - expected| <= rtol * (|expected| + scale) + factor * subnormal, scale defaulting to the rms of
+    expected (absorbs cancellation near zero, where a relative bound is meaningless). ``subnormal`` is the dtype's
+    smallest subnormal, its spacing below the normal range: there a result rounded to the dtype is off by up to half
+    a spacing from the exact value and two rounded results by one spacing, which no relative term covers (a float16
+    row whose outputs are ~2e-6 differs by one 6e-8 step between two correct kernels)."""
     actual, expected = f64(actual), f64(expected)
     assert actual.shape == expected.shape, (actual.shape, expected.shape)
     rtol = RTOL[str(np.dtype(dtype))] * factor
     if scale is None:
         scale = float(np.sqrt(np.mean(expected ** 2))) if expected.size else 0.0
-    bound = rtol * (np.abs(expected) + scale)
+    subnormal = float(ml_dtypes.finfo(dtype).smallest_subnormal)
+    bound = rtol * (np.abs(expected) + scale) + factor * subnormal
     err = np.abs(actual - expected)
     worst = np.unravel_index(np.argmax(err - bound), err.shape) if err.size else ()
     assert np.all(err <= bound), f"max excess at {worst}: got {actual[worst]}, want {expected[worst]}"

@@ -519,6 +519,7 @@ def aiter_loaded(monkeypatch):
     monkeypatch.setattr(_support, "staged_archs", lambda: ("gfx942", "gfx950"))
 
 
+@pytest.mark.usefixtures("automatic_selection")
 def test_info_reports_aiter_choices_and_reasons(aiter_loaded):
     assert "ja_aiter_mha_varlen_bwd" in vars(jax_aiter.aiter).values()
     choices = {(c.op, c.platform): c for c in _backend.report(("rocm",))}
@@ -533,6 +534,7 @@ def test_info_reports_aiter_choices_and_reasons(aiter_loaded):
             _sds((8, 64), jnp.bfloat16), _sds((64,), jnp.bfloat16), epsilon=1e-6))
 
 
+@pytest.mark.usefixtures("automatic_selection")
 @pytest.mark.parametrize("op", ["rms_norm", "rms_norm_with_add"])
 def test_aiter_rms_norm_is_taken_unforced_for_float16_only(aiter_loaded, op):
     """AITER's RMSNorm sums a row's squares in float32 unscaled: a bfloat16 or float32 row whose sum overflows

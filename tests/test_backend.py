@@ -13,6 +13,10 @@ import jax_aiter.gemm  # noqa: F401  (declares the gemm op some tests select for
 from jax_aiter import _backend, _native
 from jax_aiter.rmsnorm import rms_norm
 
+# These tests are about the automatic selection: none sees the process-wide override CI runs the suite under
+# (JAX_AITER_BACKEND=xla), in this process or in the fresh interpreters below.
+pytestmark = pytest.mark.usefixtures("automatic_selection")
+
 X = jax.ShapeDtypeStruct((8, 64), jnp.bfloat16)
 G = jax.ShapeDtypeStruct((64,), jnp.bfloat16)
 
@@ -20,7 +24,7 @@ G = jax.ShapeDtypeStruct((64,), jnp.bfloat16)
 def _run_python(code: str, **env) -> subprocess.CompletedProcess:
     """Run code in a fresh interpreter (import-time behaviour), with extra environment variables."""
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          env={**os.environ, **env}, timeout=300)
+                          env={**{k: v for k, v in os.environ.items() if k != _backend.ENV_VAR}, **env}, timeout=300)
 
 
 def test_preference_order_and_fallback_per_platform():

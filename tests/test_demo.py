@@ -56,10 +56,10 @@ def test_cli_rejects_step_counts_before_training(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_convergence_rejects_an_unknown_recipe_before_training(capsys, monkeypatch):
+def test_convergence_rejects_an_unknown_arm_before_training(capsys, monkeypatch):
     from jax_aiter.examples import convergence
 
-    monkeypatch.setattr(convergence, "run", lambda *a, **k: pytest.fail("trained before checking recipe names"))
-    assert cli.main(["convergence", "--recipes", "no-such-recipe", "--steps", "1"]) == 2
+    monkeypatch.setattr(convergence, "train_arm", lambda *a, **k: pytest.fail("trained before checking arm names"))
+    assert cli.main(["convergence", "--arms", "no-such-arm", "--steps", "1"]) == 2
     err = capsys.readouterr().err
-    assert "unknown recipe(s) no-such-recipe" in err and "mxfp4-default" in err
+    assert "unknown arm(s) no-such-arm" in err and "mxfp4-all" in err

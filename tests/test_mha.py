@@ -639,6 +639,7 @@ def test_cudnn_deterministic_with_xla_determinism_flag(cudnn_present, monkeypatc
     assert cudnn_reason(deterministic=True) is None
 
 
+@pytest.mark.usefixtures("automatic_selection")
 def test_default_is_not_deterministic_and_takes_cudnn(cudnn_present):
     """flash-attn's default, deterministic=False: a call cuDNN supports goes to cuDNN with default arguments;
     deterministic=True without XLA's determinism flag takes the reference (docs/attention.md, "Determinism")."""

@@ -57,6 +57,11 @@ def test_ci_runs_the_readme_test_command_then_the_compile_checks():
                 if line.startswith("bash ")]
     assert commands == [["bash", "scripts/plain.sh", "test"], ["bash", "scripts/plain.sh", "compile-check", "all"]]
     assert {command[2] for command in commands} <= set(task_names())
+    # The suite's two other paths: every op forced to its reference, and the oldest jax the package accepts.
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert re.search(r'^JAX_AITER_BACKEND=xla PYTHON="\$PWD/\.venv/bin/python" bash scripts/task\.sh test$', ci, re.M)
+    assert re.search(r'^"\$oldest/bin/python" -m pip install -q "\$JA_WHEEL\[test\]" "jax==\$floor"', ci, re.M)
+    assert re.search(r'^PYTHON="\$PWD/\$oldest/bin/python" bash scripts/task\.sh test$', ci, re.M)
 
 
 def test_plain_without_a_task_prints_usage_and_fails():

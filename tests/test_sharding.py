@@ -1,6 +1,7 @@
-"""Sharded == unsharded for the custom-partitioned GEMMs (jax_aiter/_partition.py) on 8 virtual CPU devices:
-``gemm_fp4_bf16`` and ``gemm`` under FSDP layouts, forward and gradients, under ``jax.jit`` with NamedSharding
-in/out shardings, and the collectives in the compiled HLO (docs/mxfp4.md, "Sharding")."""
+"""Sharded == unsharded for the custom-partitioned GEMMs (jax_aiter/_partition.py) on 8 virtual CPU devices, or on
+the GPUs where there are two or more (tests/_devices.py; 8, 4 or 2 of them): ``gemm_fp4_bf16`` and ``gemm`` under
+FSDP layouts, forward and gradients, under ``jax.jit`` with NamedSharding in/out shardings, and the collectives in
+the compiled HLO (docs/mxfp4.md, "Sharding")."""
 
 import functools
 import math
@@ -13,6 +14,7 @@ import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+import _devices
 import _oracle
 from jax_aiter._partition import mesh_axes_of_dims
 from jax_aiter.gemm import gemm
@@ -30,20 +32,40 @@ RECIPE = Mxfp4Recipe(activation_stochastic=True, weight_stochastic=True, gradien
                      fprop_hadamard=32, dgrad_hadamard=16, wgrad_hadamard=16, hadamard_seed=0x1234_5678_9ABC)
 KEY = np.array([7, 11], np.uint32)
 
+# The layouts' meshes: 8, 4 or 2 devices, the most there are (every shape here splits whole over 8 devices).
+AVAILABLE = _devices.multidevice_devices()
+SIZE = next((n for n in (8, 4, 2) if n <= len(AVAILABLE)), 0)
+if SIZE == 0:
+    pytest.skip(f"needs 2 or more devices, {len(AVAILABLE)} here", allow_module_level=True)
+DEVICES = AVAILABLE[:SIZE]
+HALF = SIZE // 2
+
 # name: (mesh shape, mesh axes, sharding of the token axis, sharding of the weight [N, K])
 FP4_LAYOUTS = {
-    "fsdp8": ((8,), ("fsdp",), "fsdp", P("fsdp", None)),
-    "data4_x_fsdp2": ((4, 2), ("data", "fsdp"), ("data", "fsdp"), P("fsdp", None)),
-    "tokens_on_data_weight_k_on_fsdp": ((2, 4), ("data", "fsdp"), "data", P(None, "fsdp")),
+    "fsdp": ((SIZE,), ("fsdp",), "fsdp", P("fsdp", None)),
+    "data_x_fsdp2": ((HALF, 2), ("data", "fsdp"), ("data", "fsdp"), P("fsdp", None)),
+    "tokens_on_data_weight_k_on_fsdp": ((2, HALF), ("data", "fsdp"), "data", P(None, "fsdp")),
 }
 
 
 def make_mesh(shape, names):
-    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+    """A mesh of this module's devices; a layout whose axes would not all split (2 devices for a 2-D layout)
+    skips the test."""
+    if min(shape) < 2:
+        pytest.skip(f"the layout's mesh {shape} needs more than {SIZE} devices")
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), devices=DEVICES)
+
+
+def unsharded(fn, *args):
+    """fn under jit on one device of the platform the meshes use."""
+    with jax.default_device(DEVICES[0]):
+        return jax.jit(fn)(*args)
 
 
 def random_bf16(seed, shape):
-    return jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(jnp.bfloat16)
+    # Made on the CPU whatever the meshes use: the same bits everywhere (tests/test_multiprocess.py compares runs).
+    with jax.default_device(jax.local_devices(backend="cpu")[0]):
+        return np.asarray(jax.random.normal(jax.random.key(seed), shape, jnp.float32).astype(jnp.bfloat16))
 
 
 def collectives(compiled) -> list[tuple[str, list[tuple[str, tuple[int, ...]]]]]:
@@ -77,7 +99,7 @@ def fp4_inputs(m=M, n=N):
 
 @functools.cache
 def fp4_unsharded(m=M, n=N):
-    return jax.jit(fp4_step)(*fp4_inputs(m, n))
+    return unsharded(fp4_step, *fp4_inputs(m, n))
 
 
 def wgrad_operands(a, dy):
@@ -85,9 +107,11 @@ def wgrad_operands(a, dy):
     recipe says (float64, Hadamard-rotated along M)."""
     copies = []
     for t, role in ((dy, "gradient"), (a, "activation")):
-        data, scales = cast_mxfp4(t.reshape(M, -1), columnwise=True, sr_key=role_sr_key(jnp.asarray(KEY), role),
-                                  hadamard=RECIPE.wgrad_hadamard, hadamard_key=RECIPE.hadamard_seed)
-        copies.append(_oracle.f64(dequantize_mxfp4(data, scales)))
+        with jax.default_device(DEVICES[0]):
+            data, scales = cast_mxfp4(t.reshape(M, -1), columnwise=True,
+                                      sr_key=role_sr_key(jnp.asarray(KEY), role), hadamard=RECIPE.wgrad_hadamard,
+                                      hadamard_key=RECIPE.hadamard_seed)
+            copies.append(_oracle.f64(dequantize_mxfp4(data, scales)))
     return copies
 
 
@@ -138,7 +162,7 @@ def test_fp4_training_step_sharded_equals_unsharded(layout):
     assert ("all-reduce" in reduced) == bool(token_axes - weight_axes)
 
 
-@pytest.mark.parametrize("layout", ["fsdp8", "tokens_on_data_weight_k_on_fsdp"])
+@pytest.mark.parametrize("layout", ["fsdp", "tokens_on_data_weight_k_on_fsdp"])
 def test_fp4_quantized_copies_are_bit_identical(layout):
     """The forward's outputs, including the columnwise copies of x and W kept for the backward pass, are the
     same bytes whether each device quantizes its shard (at its global index_offset) or one device quantizes all."""
@@ -151,7 +175,7 @@ def test_fp4_quantized_copies_are_bit_identical(layout):
         return _linear._FPROP_TRAIN((RECIPE, True), x, b, jnp.asarray(KEY))
 
     sharded = jax.jit(fprop, in_shardings=(NamedSharding(mesh, P(tokens, None)), NamedSharding(mesh, weight_spec)))
-    got, want = sharded(x, b), jax.jit(fprop)(x, b)
+    got, want = sharded(x, b), unsharded(fprop, x, b)
     assert [t.dtype for t in got[1:]] == [jnp.uint8] * 4
     assert_summation_order_close(got[0], want[0])
     for g, w in zip(got[1:], want[1:]):
@@ -159,7 +183,7 @@ def test_fp4_quantized_copies_are_bit_identical(layout):
 
 
 def test_fp4_inference_gathers_only_fp4_weight_bytes():
-    shape, names, tokens, weight_spec = FP4_LAYOUTS["fsdp8"]
+    shape, names, tokens, weight_spec = FP4_LAYOUTS["fsdp"]
     mesh = make_mesh(shape, names)
     act, weight = NamedSharding(mesh, P(tokens, None, None)), NamedSharding(mesh, weight_spec)
     a, b, _ = fp4_inputs()
@@ -177,8 +201,10 @@ def test_fp4_inference_gathers_only_fp4_weight_bytes():
 def test_fp4_indivisible_shards_fall_back_to_gathering():
     """24-row weight shards would split 32-element blocks along N, and 32-token blocks are too few for wgrad's
     64-token operands: the weight (bf16) and the tokens are gathered and every device runs the whole layer."""
+    if SIZE != 8:
+        pytest.skip(f"the shapes are those that 8 devices cannot split whole; {SIZE} here")
     m, n = 256, 192
-    shape, names, tokens, weight_spec = FP4_LAYOUTS["fsdp8"]
+    shape, names, tokens, weight_spec = FP4_LAYOUTS["fsdp"]
     mesh = make_mesh(shape, names)
     act, weight = NamedSharding(mesh, P(tokens, None, None)), NamedSharding(mesh, weight_spec)
     inputs = fp4_inputs(m, n)
@@ -194,12 +220,12 @@ def test_fp4_indivisible_shards_fall_back_to_gathering():
 
 # name: (mesh shape, mesh axes, sharding of a[B, S, K], sharding of the weight [N, K])
 GEMM_LAYOUTS = {
-    "fsdp8": ((8,), ("fsdp",), P("fsdp", None, None), P("fsdp", None)),
-    "data4_x_fsdp2": ((4, 2), ("data", "fsdp"), P(("data", "fsdp"), None, None), P("fsdp", None)),
-    "tokens_on_data_weight_on_fsdp": ((2, 4), ("data", "fsdp"), P("data", None, None), P("fsdp", None)),
-    "weight_over_both_axes_tokens_on_fsdp": ((2, 4), ("data", "fsdp"), P(None, "fsdp", None),
+    "fsdp": ((SIZE,), ("fsdp",), P("fsdp", None, None), P("fsdp", None)),
+    "data_x_fsdp2": ((HALF, 2), ("data", "fsdp"), P(("data", "fsdp"), None, None), P("fsdp", None)),
+    "tokens_on_data_weight_on_fsdp": ((2, HALF), ("data", "fsdp"), P("data", None, None), P("fsdp", None)),
+    "weight_over_both_axes_tokens_on_fsdp": ((2, HALF), ("data", "fsdp"), P(None, "fsdp", None),
                                              P(("data", "fsdp"), None)),
-    "weight_n_and_k_split": ((4, 2), ("data", "fsdp"), P("data", "fsdp", None), P("data", "fsdp")),
+    "weight_n_and_k_split": ((HALF, 2), ("data", "fsdp"), P("data", "fsdp", None), P("data", "fsdp")),
 }
 
 
@@ -208,23 +234,26 @@ def gemm_step(a, b, dy):
     return (y, *vjp(dy))
 
 
+def gemm_inputs():
+    return random_bf16(3, (8, 8, 64)), random_bf16(4, (64, 64)), random_bf16(5, (8, 8, 64))
+
+
 @pytest.mark.parametrize("layout", GEMM_LAYOUTS)
 def test_gemm_sharded_equals_unsharded(layout):
     shape, names, act_spec, weight_spec = GEMM_LAYOUTS[layout]
     mesh = make_mesh(shape, names)
     act, weight = NamedSharding(mesh, act_spec), NamedSharding(mesh, weight_spec)
-    a, b, dy = random_bf16(3, (8, 8, 64)), random_bf16(4, (64, 64)), random_bf16(5, (8, 8, 64))
+    a, b, dy = gemm_inputs()
     compiled = jax.jit(gemm_step, in_shardings=(act, weight, act),
                        out_shardings=(act, act, weight)).lower(a, b, dy).compile()
     # wgrad's partial products are reduced in float32 and rounded once, like the unsharded GEMM.
-    for got, want in zip(compiled(a, b, dy), jax.jit(gemm_step)(a, b, dy)):
+    for got, want in zip(compiled(a, b, dy), unsharded(gemm_step, a, b, dy)):
         assert_summation_order_close(got, want)
     ops = {op for op, _ in collectives(compiled)}
     assert "all-gather" in ops
     token_axes, weight_axes = set(spec_axes(*act_spec)), set(spec_axes(*weight_spec))
     assert ("reduce-scatter" in ops) == bool(token_axes & weight_axes)
     assert ("all-reduce" in ops) == bool(token_axes - weight_axes)
-
 
 
 # --- mesh_axes_of_dims: one test per case its docstring names ----------------------------------------------
@@ -234,38 +263,46 @@ def _axes(mesh, spec, shape=(16, 8)):
     return mesh_axes_of_dims(NamedSharding(mesh, spec), shape, mesh)
 
 
+def logic_mesh(shape, names):
+    """A mesh for the logic of mesh_axes_of_dims, which runs nothing: the CPU's 8 virtual devices."""
+    cpus = jax.devices("cpu")
+    if len(cpus) < math.prod(shape):
+        pytest.skip(f"needs {math.prod(shape)} CPU devices (tests/conftest.py forces 8 virtual ones)")
+    return jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape), devices=cpus[:math.prod(shape)])
+
+
 def test_mesh_axes_undivided():
-    mesh = make_mesh((4, 2), ("x", "y"))
+    mesh = logic_mesh((4, 2), ("x", "y"))
     assert _axes(mesh, P()) == ((), ())
 
 
 def test_mesh_axes_one_axis_per_dim():
-    mesh = make_mesh((4, 2), ("x", "y"))
+    mesh = logic_mesh((4, 2), ("x", "y"))
     assert _axes(mesh, P("x", "y")) == (("x",), ("y",))
     assert _axes(mesh, P(None, "x")) == ((), ("x",))
 
 
 def test_mesh_axes_several_axes_in_either_order():
-    mesh = make_mesh((4, 2), ("x", "y"))
+    mesh = logic_mesh((4, 2), ("x", "y"))
     assert _axes(mesh, P(("x", "y"))) == (("x", "y"), ())
     assert _axes(mesh, P(("y", "x"))) == (("y", "x"), ())
 
 
 def test_mesh_axes_of_size_one_never_appear():
-    mesh = make_mesh((8, 1), ("x", "one"))
+    mesh = logic_mesh((8, 1), ("x", "one"))
     assert _axes(mesh, P(("x", "one"), None)) == (("x",), ())
     assert _axes(mesh, P(None, "one")) == ((), ())
 
 
 def test_mesh_axes_part_of_an_axis_reads_as_undivided():
     """Blocks split 2 ways where the op's mesh has one 8-device axis: no list of whole axes names that."""
-    mesh = make_mesh((8,), ("x",))
+    mesh = logic_mesh((8,), ("x",))
     coarse = jax.sharding.Mesh(mesh.devices.reshape(2, 4), ("a", "b"))
     assert mesh_axes_of_dims(NamedSharding(coarse, P("a")), (16, 8), mesh) == ((), ())
 
 
 def test_mesh_axes_other_device_order_reads_as_undivided():
-    mesh = make_mesh((8,), ("x",))
+    mesh = logic_mesh((8,), ("x",))
     shuffled = jax.sharding.Mesh(mesh.devices[[1, 0, 2, 3, 4, 5, 6, 7]], ("x",))
     assert mesh_axes_of_dims(NamedSharding(shuffled, P("x")), (16, 8), mesh) == ((), ())
     assert mesh_axes_of_dims(NamedSharding(mesh, P("x")), (16, 8), mesh) == (("x",), ())

@@ -1,17 +1,19 @@
-"""A tiny Llama-style decoder built from jax_aiter's layers, and a synthetic task it can learn in seconds.
+"""A Llama-style decoder built from jax_aiter's layers (tiny by default; ``models.MODELS`` has larger shapes), and
+a synthetic task the tiny one learns in seconds (the demo; ``convergence`` trains it on real text).
 
 Model: token embedding -> N x [RMSNorm -> GQA causal attention -> residual add + RMSNorm -> SwiGLU MLP] ->
 RMSNorm -> LM head. Two definitions of the same model, which compute the same function from the same weights
 (tests/test_flax.py checks it bit for bit):
 
 * ``TinyLlama``, a Flax NNX module built from ``jax_aiter.flax`` (``RMSNorm``, ``Attention``, ``SwiGLU``,
-  ``Linear`` / ``Mxfp4Linear``); defined when Flax is installed (the extra ``jax-aiter[flax]``), and what
-  :func:`train` uses then;
-* :func:`forward`, the same model as plain functions on a parameter dict, with every projection through one
-  ``linear(x, w)`` (``jax_aiter.gemm.gemm`` by default, ``gemm_fp4_bf16`` with a recipe for MXFP4): the demo runs
-  on it without Flax.
+  ``Linear`` / ``Mxfp4Linear`` / ``Fp8Linear``); defined when Flax is installed (the extra ``jax-aiter[flax]``),
+  and what :func:`train` uses then;
+* :func:`forward`, the same model as plain functions on a parameter dict, with every projection through
+  ``jax_aiter.precision.project`` in the precision the policy gives it: the demo and the convergence benchmark
+  run on it without Flax.
 
-Both start from :func:`init_params`, so a run trains the same weights whichever definition it uses.
+Both take a ``jax_aiter.precision.PrecisionPolicy`` (default: every projection BF16) and start from
+:func:`init_params`, so a run trains the same weights whichever definition it uses.
 
 Task ("arithmetic sequences"): each sequence is ``t_i = (start + i * stride) mod vocab`` with a random start and
 stride per sequence. The first token carries no information about the stride, later tokens are predictable
@@ -29,8 +31,8 @@ import jax
 import jax.numpy as jnp
 
 from jax_aiter.activation import silu_and_mul
-from jax_aiter.gemm import gemm
-from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
+from jax_aiter.gemm_fp8 import Fp8Recipe
+from jax_aiter.precision import PrecisionPolicy, Recipe, project
 from jax_aiter.rmsnorm import rms_norm_with_add
 
 try:
@@ -43,7 +45,6 @@ except ModuleNotFoundError as err:  # without Flax the functional definition sti
     nnx = None
 
 HAS_FLAX = nnx is not None
-Linear = Callable[[jax.Array, jax.Array], jax.Array]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,25 +95,42 @@ def _rope(x: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1).astype(x.dtype)
 
 
-def forward(params: dict, tokens: jax.Array, cfg: Config, linear: Linear = gemm) -> jax.Array:
+def forward(params: dict, tokens: jax.Array, cfg: Config, policy: PrecisionPolicy | None = None, *,
+            key: Any = None) -> jax.Array:
+    """Logits [B, S, vocab] (float32) of ``tokens`` [B, S], each projection in the precision ``policy`` gives it
+    (default BF16). ``key`` (a ``jax.random`` key) is needed when the policy rounds stochastically: projection
+    ``i`` (in call order) rounds with ``fold_in(key, i)``."""
     from jax_aiter.mha import flash_attn_func
 
+    policy = PrecisionPolicy.bf16() if policy is None else policy
     dtype = jnp.bfloat16
     batch, seq = tokens.shape
     cast = functools.partial(jnp.asarray, dtype=dtype)
-    h = cast(params["embed"][tokens])
+    calls = iter(range(2 + 6 * cfg.layers))
+
+    def linear(x: jax.Array, w: jax.Array, recipe: Recipe) -> jax.Array:
+        index = next(calls)
+        return project(x, cast(w), recipe, key=None if key is None else jax.random.fold_in(key, index))
+
+    embedding = policy.recipe_for("embedding")
+    if embedding is None:
+        h = cast(params["embed"][tokens])
+    else:  # the lookup as the GEMM one_hot(tokens) . table, so the table and its gradient are quantized
+        h = linear(jax.nn.one_hot(tokens, cfg.vocab, dtype=dtype), params["embed"].T, embedding)
     residual = jnp.zeros_like(h)
-    for layer in params["layers"]:
+    for i, layer in enumerate(params["layers"]):
+        attention = policy.recipe_for("attention", i, cfg.layers)
+        mlp = policy.recipe_for("mlp", i, cfg.layers)
         x, residual = rms_norm_with_add(h, residual, cast(layer["attn_norm"]))
-        q = linear(x, cast(layer["wq"])).reshape(batch, seq, cfg.heads, cfg.head_dim)
-        k = linear(x, cast(layer["wk"])).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
-        v = linear(x, cast(layer["wv"])).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
+        q = linear(x, layer["wq"], attention).reshape(batch, seq, cfg.heads, cfg.head_dim)
+        k = linear(x, layer["wk"], attention).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
+        v = linear(x, layer["wv"], attention).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
         attn = flash_attn_func(_rope(q), _rope(k), v, causal=True)
-        h = linear(attn.reshape(batch, seq, cfg.dim), cast(layer["wo"]))
+        h = linear(attn.reshape(batch, seq, cfg.dim), layer["wo"], attention)
         x, residual = rms_norm_with_add(h, residual, cast(layer["mlp_norm"]))
-        h = linear(silu_and_mul(linear(x, cast(layer["w_gate_up"]))), cast(layer["w_down"]))
+        h = linear(silu_and_mul(linear(x, layer["w_gate_up"], mlp)), layer["w_down"], mlp)
     x, _ = rms_norm_with_add(h, residual, cast(params["final_norm"]))
-    return linear(x, cast(params["head"])).astype(jnp.float32)
+    return linear(x, params["head"], policy.recipe_for("lm_head")).astype(jnp.float32)
 
 
 def make_batch(cfg: Config, key: jax.Array) -> jax.Array:
@@ -122,22 +140,28 @@ def make_batch(cfg: Config, key: jax.Array) -> jax.Array:
     return (start + stride * jnp.arange(cfg.seq_len)[None, :]) % cfg.vocab
 
 
-def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
-    """Mean cross-entropy of ``logits`` (for ``tokens[:, :-1]``) against ``tokens[:, 1:]``."""
-    labels = tokens[:, 1:]
+def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
+    """Per-position cross-entropy (nats) of ``logits`` [..., vocab] against integer ``labels`` [...]."""
     logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+    return -jnp.take_along_axis(logp, labels[..., None], axis=-1)[..., 0]
+
+
+def next_token_loss(logits: jax.Array, tokens: jax.Array) -> jax.Array:
+    """Mean cross-entropy of ``logits`` (for ``tokens[:, :-1]``) against ``tokens[:, 1:]``, on the arithmetic
+    task."""
     # Position 0 predicts token 1 without knowing the stride: excluded, it is noise no model can learn.
-    return jnp.mean(nll[:, 1:])
+    return jnp.mean(cross_entropy(logits, tokens[:, 1:])[:, 1:])
 
 
-def loss_fn(params: dict, tokens: jax.Array, cfg: Config, linear: Linear = gemm) -> jax.Array:
-    return next_token_loss(forward(params, tokens[:, :-1], cfg, linear), tokens)
+def loss_fn(params: dict, tokens: jax.Array, cfg: Config, policy: PrecisionPolicy | None = None, *,
+            key: Any = None) -> jax.Array:
+    return next_token_loss(forward(params, tokens[:, :-1], cfg, policy, key=key), tokens)
 
 
 def adam_init(params: Any) -> dict:
-    zeros = jax.tree.map(jnp.zeros_like, params)
-    return {"m": zeros, "v": zeros, "t": jnp.zeros((), jnp.int32)}
+    # Two separate trees of zeros, so that a step may donate the state's buffers.
+    return {"m": jax.tree.map(jnp.zeros_like, params), "v": jax.tree.map(jnp.zeros_like, params),
+            "t": jnp.zeros((), jnp.int32)}
 
 
 def adam_update(params, grads, state, lr, b1=0.9, b2=0.95, eps=1e-8):
@@ -150,11 +174,12 @@ def adam_update(params, grads, state, lr, b1=0.9, b2=0.95, eps=1e-8):
     return params, {"m": m, "v": v, "t": t}
 
 
-def make_train_step(cfg: Config, linear: Linear = gemm):
+def make_train_step(cfg: Config, policy: PrecisionPolicy | None = None):
     @jax.jit
     def step(params, opt_state, key):
         tokens = make_batch(cfg, key)
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, cfg, linear)
+        # The batch comes from key itself, stochastic rounding from a key derived from it.
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens, cfg, policy, key=jax.random.fold_in(key, 1))
         params, opt_state = adam_update(params, grads, opt_state, cfg.learning_rate)
         return params, opt_state, loss
 
@@ -166,34 +191,57 @@ if HAS_FLAX:
     class Block(nnx.Module):
         """Pre-norm decoder block; the residual stream is added by the next norm (``rms_norm_with_add``)."""
 
-        def __init__(self, cfg: Config, *, recipe: Mxfp4Recipe | None, weight_sharding, rngs: nnx.Rngs):
-            options = dict(recipe=recipe, weight_sharding=weight_sharding, rngs=rngs)
+        def __init__(self, cfg: Config, *, attention: Recipe, mlp: Recipe, weight_sharding, rngs: nnx.Rngs):
+            options = dict(weight_sharding=weight_sharding, rngs=rngs)
             self.attn_norm = layers.RMSNorm(cfg.dim, rngs=rngs)
-            self.attention = layers.Attention(cfg.dim, cfg.heads, cfg.kv_heads, causal=True, rope=_rope, **options)
+            self.attention = layers.Attention(cfg.dim, cfg.heads, cfg.kv_heads, causal=True, rope=_rope,
+                                              recipe=attention, **options)
             self.mlp_norm = layers.RMSNorm(cfg.dim, rngs=rngs)
-            self.mlp = layers.SwiGLU(cfg.dim, cfg.mlp_dim, **options)
+            self.mlp = layers.SwiGLU(cfg.dim, cfg.mlp_dim, recipe=mlp, **options)
 
         def __call__(self, h: jax.Array, residual: jax.Array) -> tuple[jax.Array, jax.Array]:
             x, residual = self.attn_norm(h, residual)
             x, residual = self.mlp_norm(self.attention(x), residual)
             return self.mlp(x), residual
 
-    class TinyLlama(nnx.Module):
-        """The demo model from ``jax_aiter.flax`` layers: BF16 GEMMs, or MXFP4 for every projection with a
-        ``recipe``. ``weight_sharding`` annotates every projection weight ``[out, in]`` (e.g. ``("fsdp", None)``)."""
+    def _flax_projection(in_features: int, out_features: int, recipe: Recipe, **options) -> layers.Linear:
+        if recipe is None:
+            return layers.Linear(in_features, out_features, **options)
+        if isinstance(recipe, Fp8Recipe):
+            return layers.Fp8Linear(in_features, out_features, recipe=recipe, **options)
+        return layers.Mxfp4Linear(in_features, out_features, recipe=recipe, **options)
 
-        def __init__(self, cfg: Config, *, recipe: Mxfp4Recipe | None = None, weight_sharding=None,
+    class TinyLlama(nnx.Module):
+        """The demo model from ``jax_aiter.flax`` layers, each projection in the precision ``policy`` gives it
+        (default: every projection BF16). ``weight_sharding`` annotates every projection weight ``[out, in]``
+        (e.g. ``("fsdp", None)``).
+
+        The embedding is the parameter ``embed`` [vocab, dim] looked up by token, or with an embedding recipe the
+        projection ``embed`` (weight [dim, vocab], the table's transpose) applied to one-hot tokens."""
+
+        def __init__(self, cfg: Config, *, policy: PrecisionPolicy | None = None, weight_sharding=None,
                      rngs: nnx.Rngs):
+            policy = PrecisionPolicy.bf16() if policy is None else policy
+            if not isinstance(policy, PrecisionPolicy):
+                raise TypeError(f"policy must be a PrecisionPolicy or None, got {type(policy).__name__}")
             self.cfg = cfg
-            self.embed = nnx.Param(0.5 * jax.random.normal(rngs.params(), (cfg.vocab, cfg.dim)))
-            self.blocks = nnx.List([Block(cfg, recipe=recipe, weight_sharding=weight_sharding, rngs=rngs)
-                                    for _ in range(cfg.layers)])
+            options = dict(weight_sharding=weight_sharding, rngs=rngs)
+            embedding = policy.recipe_for("embedding")
+            if embedding is None:
+                self.embed = nnx.Param(0.5 * jax.random.normal(rngs.params(), (cfg.vocab, cfg.dim)))
+            else:
+                self.embed = _flax_projection(cfg.vocab, cfg.dim, embedding, **options)
+            self.blocks = nnx.List([Block(cfg, attention=policy.recipe_for("attention", i, cfg.layers),
+                                          mlp=policy.recipe_for("mlp", i, cfg.layers), **options)
+                                    for i in range(cfg.layers)])
             self.final_norm = layers.RMSNorm(cfg.dim, rngs=rngs)
-            projection = layers.Linear if recipe is None else functools.partial(layers.Mxfp4Linear, recipe=recipe)
-            self.head = projection(cfg.dim, cfg.vocab, weight_sharding=weight_sharding, rngs=rngs)
+            self.head = _flax_projection(cfg.dim, cfg.vocab, policy.recipe_for("lm_head"), **options)
 
         def __call__(self, tokens: jax.Array) -> jax.Array:
-            h = self.embed[...][tokens].astype(jnp.bfloat16)
+            if isinstance(self.embed, nnx.Param):
+                h = self.embed[...][tokens].astype(jnp.bfloat16)
+            else:
+                h = self.embed(jax.nn.one_hot(tokens, self.cfg.vocab, dtype=jnp.bfloat16))
             residual = jnp.zeros_like(h)
             for block in self.blocks:
                 h, residual = block(h, residual)
@@ -202,7 +250,10 @@ if HAS_FLAX:
 
         def load(self, params: dict) -> TinyLlama:
             """Set every weight from an :func:`init_params` dict (same values in both definitions)."""
-            self.embed[...] = params["embed"]
+            if isinstance(self.embed, nnx.Param):
+                self.embed[...] = params["embed"]
+            else:
+                self.embed.weight[...] = params["embed"].T
             self.final_norm.scale[...] = params["final_norm"]
             self.head.weight[...] = params["head"]
             for block, p in zip(self.blocks, params["layers"], strict=True):
@@ -234,12 +285,14 @@ if HAS_FLAX:
         return step
 
 
-def train(cfg: Config, recipe: Mxfp4Recipe | None = None, on_step: Callable[[int, float], None] | None = None, *,
-          use_flax: bool | None = None) -> list[float]:
-    """Train from ``cfg.seed`` and return the loss of every step (same weights and data order for every recipe).
+def train(cfg: Config, policy: PrecisionPolicy | None = None, on_step: Callable[[int, float], None] | None = None,
+          *, use_flax: bool | None = None) -> list[float]:
+    """Train on the arithmetic task from ``cfg.seed`` and return the loss of every step (same weights and data
+    order for every policy).
 
-    BF16 GEMMs without ``recipe``, MXFP4 ones with it. ``use_flax``: the ``TinyLlama`` module (default when
-    Flax is installed) or the functional :func:`forward` (``False``, or Flax absent); both train alike.
+    ``policy``: the precision of each projection (default: every projection BF16). ``use_flax``: the
+    ``TinyLlama`` module (default when Flax is installed) or the functional :func:`forward` (``False``, or Flax
+    absent); both train alike.
     """
     use_flax = HAS_FLAX if use_flax is None else use_flax
     if use_flax and not HAS_FLAX:
@@ -247,7 +300,7 @@ def train(cfg: Config, recipe: Mxfp4Recipe | None = None, on_step: Callable[[int
     key = jax.random.key(cfg.seed)
     params = init_params(cfg, key)
     if use_flax:
-        model = TinyLlama(cfg, recipe=recipe, rngs=nnx.Rngs(cfg.seed)).load(params)
+        model = TinyLlama(cfg, policy=policy, rngs=nnx.Rngs(cfg.seed)).load(params)
         graphdef, state, rest = nnx.split(model, nnx.Param, ...)
         flax_step = make_flax_train_step(cfg, graphdef)
         carry = (state, rest)  # rest: the non-parameter state (stochastic-rounding stream counters)
@@ -258,8 +311,7 @@ def train(cfg: Config, recipe: Mxfp4Recipe | None = None, on_step: Callable[[int
 
         opt_state = adam_init(state)
     else:
-        linear = gemm if recipe is None else functools.partial(gemm_fp4_bf16, recipe=recipe)
-        carry, step = params, make_train_step(cfg, linear)
+        carry, step = params, make_train_step(cfg, policy)
         opt_state = adam_init(params)
     losses = []
     for i in range(cfg.steps):

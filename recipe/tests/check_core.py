@@ -1,10 +1,12 @@
-"""Checks an installed jax-aiter-core without jax-aiter-mha: `python check_core.py PREFIX`.
+"""Checks an installed jax-aiter-core without jax-aiter-mha: `python check_core.py PREFIX [PACKAGE]`.
 
-Run by the recipe's tests and by tests/test_packaging.py. jax_aiter must be imported from PREFIX (its site-packages
-comes first on the path, whichever Python runs this), every native library there must equal its build record (size
-and sha256 written when CMake installed it), the CPU library must load from there and serve rms_norm (selected and
-present in the lowered program), the result must match the pure-JAX reference, and importing jax_aiter.mha must fail
-with a message naming jax-aiter-mha. Prints what it found as one JSON line.
+Run by the recipe's tests and by tests/test_packaging.py, and by tests/test_pip_install.py on the lite wheel in a
+virtual environment (which has the same lib/pythonX.Y/site-packages). jax_aiter must be imported from PREFIX (its
+site-packages comes first on the path, whichever Python runs this), every native library there must equal its build
+record (size and sha256 written when CMake installed it), the CPU library must load from there and serve rms_norm
+(selected and present in the lowered program), the result must match the pure-JAX reference, and importing
+jax_aiter.mha must fail with a message naming PACKAGE, the package that adds it: the conda package jax-aiter-mha by
+default, the full wheel jax-aiter for the lite wheel. Prints what it found as one JSON line.
 """
 
 import hashlib
@@ -13,6 +15,7 @@ import sys
 from pathlib import Path
 
 prefix = Path(sys.argv[1]).resolve()
+package_to_add = sys.argv[2] if len(sys.argv) > 2 else "jax-aiter-mha"
 sys.path[:0] = [str(site) for site in sorted(prefix.glob("lib/python*/site-packages"))]
 
 import jax  # noqa: E402
@@ -52,10 +55,10 @@ np.testing.assert_allclose(np.asarray(y), np.asarray(norm.rms_norm(x, gamma, eps
 try:
     import jax_aiter.mha  # noqa: F401
 except ModuleNotFoundError as err:
-    assert err.name == "jax_aiter.mha" and "jax-aiter-mha" in str(err), repr(err)
+    assert err.name == "jax_aiter.mha" and repr(package_to_add) in str(err), repr(err)
     mha_error = str(err)
 else:
-    raise AssertionError("jax_aiter.mha imported although jax-aiter-mha is not installed")
+    raise AssertionError(f"jax_aiter.mha imported although {package_to_add} is not installed")
 
 print(json.dumps({"jax_aiter": str(package_dir), "cpu_library": str(library.path), "rms_norm": chosen,
                   "mha_error": mha_error, "records": records}))

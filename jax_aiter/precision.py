@@ -1,0 +1,137 @@
+"""``PrecisionPolicy``: which projections of a decoder run in which precision.
+
+A model asks the policy for the recipe of each projection by its role (``"attention"`` or ``"mlp"`` inside
+block ``i`` of ``n``, ``"lm_head"``, ``"embedding"``) and runs it through :func:`project`: BF16 ``gemm`` for
+None, ``gemm_fp4_bf16`` for an ``Mxfp4Recipe``, ``gemm_fp8`` for an ``Fp8Recipe``. The policy is a static,
+hashable value (a frozen dataclass of frozen recipes), so it can be a ``jit`` static argument or a field of a
+model.
+
+The MXFP4 and FP8 policies keep the LM head and the embedding in BF16 unless asked otherwise: on real text an MXFP4
+LM head roughly triples the held-out loss gap to BF16 (docs/convergence.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+
+from jax_aiter.gemm import gemm
+from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
+from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8
+
+__all__ = ["BLOCK_ROLES", "ROLES", "PrecisionPolicy", "Recipe", "project"]
+
+Recipe = Mxfp4Recipe | Fp8Recipe | None
+BLOCK_ROLES = ("attention", "mlp")
+ROLES = (*BLOCK_ROLES, "lm_head", "embedding")
+_RECIPE_TYPES = (Mxfp4Recipe, Fp8Recipe)
+
+
+@dataclasses.dataclass(frozen=True)
+class PrecisionPolicy:
+    """The recipe of every projection of a decoder with blocks of attention and MLP projections.
+
+    * ``linear``: every attention and MLP projection inside the blocks;
+    * ``lm_head``: the output projection to the vocabulary;
+    * ``embedding``: None is the BF16 table lookup; a recipe runs the lookup as the GEMM
+      ``one_hot(tokens) . table`` through that recipe, so the table and its gradient are quantized as the recipe
+      says (the vocabulary size must then be a multiple of 64);
+    * ``bf16_first_blocks`` / ``bf16_last_blocks``: that many blocks at the input / output end run BF16 whatever
+      ``linear`` says.
+
+    A recipe is an ``Mxfp4Recipe``, an ``Fp8Recipe`` or None (BF16). The named constructors :meth:`bf16`,
+    :meth:`mxfp4` and :meth:`fp8` build the usual policies.
+    """
+
+    linear: Recipe = None
+    lm_head: Recipe = None
+    embedding: Recipe = None
+    bf16_first_blocks: int = 0
+    bf16_last_blocks: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("linear", "lm_head", "embedding"):
+            recipe = getattr(self, name)
+            if recipe is not None and not isinstance(recipe, _RECIPE_TYPES):
+                raise TypeError(f"{name} must be an Mxfp4Recipe, an Fp8Recipe or None (BF16), got "
+                                f"{type(recipe).__name__}")
+        for name in ("bf16_first_blocks", "bf16_last_blocks"):
+            count = getattr(self, name)
+            if isinstance(count, bool) or not isinstance(count, int):
+                raise TypeError(f"{name} must be an int, got {type(count).__name__}")
+            if count < 0:
+                raise ValueError(f"{name} must be >= 0, got {count}")
+
+    @classmethod
+    def bf16(cls) -> PrecisionPolicy:
+        """Every projection BF16."""
+        return cls()
+
+    @classmethod
+    def mxfp4(cls, recipe: Mxfp4Recipe | None = None, *, lm_head: bool = False, embedding: bool = False,
+              bf16_first_blocks: int = 0, bf16_last_blocks: int = 0) -> PrecisionPolicy:
+        """Every block projection through ``recipe`` (default ``Mxfp4Recipe.default()``); the LM head and the
+        embedding BF16 unless ``lm_head`` / ``embedding`` put them through the same recipe."""
+        recipe = Mxfp4Recipe.default() if recipe is None else recipe
+        if not isinstance(recipe, Mxfp4Recipe):
+            raise TypeError(f"recipe must be an Mxfp4Recipe or None (the default recipe), got "
+                            f"{type(recipe).__name__}")
+        return cls._with_recipe(recipe, lm_head, embedding, bf16_first_blocks, bf16_last_blocks)
+
+    @classmethod
+    def fp8(cls, recipe: Fp8Recipe | None = None, *, lm_head: bool = False, embedding: bool = False,
+            bf16_first_blocks: int = 0, bf16_last_blocks: int = 0) -> PrecisionPolicy:
+        """Every block projection through ``recipe`` (default ``Fp8Recipe.default()``: current scaling, E4M3
+        forward, E5M2 gradients); the LM head and the embedding BF16 unless ``lm_head`` / ``embedding`` put them
+        through the same recipe."""
+        recipe = Fp8Recipe.default() if recipe is None else recipe
+        if not isinstance(recipe, Fp8Recipe):
+            raise TypeError(f"recipe must be an Fp8Recipe or None (the default recipe), got {type(recipe).__name__}")
+        return cls._with_recipe(recipe, lm_head, embedding, bf16_first_blocks, bf16_last_blocks)
+
+    @classmethod
+    def _with_recipe(cls, recipe, lm_head, embedding, bf16_first_blocks, bf16_last_blocks) -> PrecisionPolicy:
+        for name, flag in (("lm_head", lm_head), ("embedding", embedding)):
+            if not isinstance(flag, bool):
+                raise TypeError(f"{name} must be a bool, got {type(flag).__name__}")
+        return cls(linear=recipe, lm_head=recipe if lm_head else None, embedding=recipe if embedding else None,
+                   bf16_first_blocks=bf16_first_blocks, bf16_last_blocks=bf16_last_blocks)
+
+    def recipe_for(self, role: str, block: int | None = None, blocks: int | None = None) -> Recipe:
+        """The recipe of the projections of ``role``: for ``"attention"`` and ``"mlp"``, those of block
+        ``block`` (0-based) of ``blocks``; ``"lm_head"`` and ``"embedding"`` take no block."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+        if role not in BLOCK_ROLES:
+            if block is not None or blocks is not None:
+                raise ValueError(f"role {role!r} is not inside a block: pass no block or blocks")
+            return getattr(self, role)
+        for name, value in (("block", block), ("blocks", blocks)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int for role {role!r}, got {type(value).__name__}")
+        if not 0 <= block < blocks:
+            raise ValueError(f"block must be in [0, blocks = {blocks}), got {block}")
+        if block < self.bf16_first_blocks or block >= blocks - self.bf16_last_blocks:
+            return None
+        return self.linear
+
+    @property
+    def uses_stochastic_rounding(self) -> bool:
+        """Whether some projection rounds stochastically, so a forward pass needs a key."""
+        recipes = (self.linear, self.lm_head, self.embedding)
+        return any(isinstance(r, Mxfp4Recipe) and r.uses_stochastic_rounding for r in recipes)
+
+
+def project(x: jax.Array, w: jax.Array, recipe: Recipe, *, key: Any = None) -> jax.Array:
+    """``x[..., K] . w[N, K]^T`` in the precision ``recipe`` names: ``gemm`` (x and w bf16) for None,
+    ``gemm_fp4_bf16(x, w, recipe, key=key)`` for an ``Mxfp4Recipe``, ``gemm_fp8(x, w, recipe)`` for an
+    ``Fp8Recipe``. ``key`` is used only by an MXFP4 recipe that rounds stochastically (and required by it)."""
+    if recipe is None:
+        return gemm(x, w)
+    if isinstance(recipe, Mxfp4Recipe):
+        return gemm_fp4_bf16(x, w, recipe, key=key if recipe.uses_stochastic_rounding else None)
+    if isinstance(recipe, Fp8Recipe):
+        return gemm_fp8(x, w, recipe)
+    raise TypeError(f"recipe must be an Mxfp4Recipe, an Fp8Recipe or None (BF16), got {type(recipe).__name__}")

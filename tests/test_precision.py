@@ -1,0 +1,138 @@
+"""PrecisionPolicy: which projection gets which recipe (roles, first/last blocks), validation, hashing, and
+``project``'s dispatch to the BF16, MXFP4 and FP8 GEMMs."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import mxfp4_oracle as oracle
+from jax_aiter.gemm import gemm
+from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
+from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8
+from jax_aiter.precision import BLOCK_ROLES, ROLES, PrecisionPolicy, project
+
+SR = Mxfp4Recipe(gradient_stochastic=True)
+
+
+def _recipes(policy, blocks):
+    """{role: [recipe of block 0, ..., block n-1]} for the block roles, plus the LM head and embedding."""
+    table = {role: [policy.recipe_for(role, i, blocks) for i in range(blocks)] for role in BLOCK_ROLES}
+    return {**table, "lm_head": policy.recipe_for("lm_head"), "embedding": policy.recipe_for("embedding")}
+
+
+def test_roles():
+    assert ROLES == ("attention", "mlp", "lm_head", "embedding")
+
+
+def test_bf16_policy_is_bf16_everywhere():
+    assert _recipes(PrecisionPolicy.bf16(), 3) == {"attention": [None] * 3, "mlp": [None] * 3, "lm_head": None,
+                                                    "embedding": None}
+
+
+def test_mxfp4_policy_keeps_lm_head_and_embedding_bf16_by_default():
+    default = Mxfp4Recipe.default()
+    assert _recipes(PrecisionPolicy.mxfp4(), 2) == {"attention": [default] * 2, "mlp": [default] * 2,
+                                                     "lm_head": None, "embedding": None}
+    everything = PrecisionPolicy.mxfp4(SR, lm_head=True, embedding=True)
+    assert _recipes(everything, 2) == {"attention": [SR] * 2, "mlp": [SR] * 2, "lm_head": SR, "embedding": SR}
+
+
+def test_fp8_policy():
+    fp8, e4m3 = Fp8Recipe.default(), Fp8Recipe(gradient_format="float8_e4m3fn")
+    assert _recipes(PrecisionPolicy.fp8(), 2) == {"attention": [fp8] * 2, "mlp": [fp8] * 2, "lm_head": None,
+                                                   "embedding": None}
+    assert _recipes(PrecisionPolicy.fp8(e4m3, lm_head=True, bf16_first_blocks=1), 2) == {
+        "attention": [None, e4m3], "mlp": [None, e4m3], "lm_head": e4m3, "embedding": None}
+    # Recipes of both kinds in one policy: an FP8 LM head on MXFP4 blocks.
+    mixed = PrecisionPolicy(linear=Mxfp4Recipe.default(), lm_head=fp8)
+    assert mixed.recipe_for("lm_head") == fp8 and mixed.recipe_for("mlp", 0, 1) == Mxfp4Recipe.default()
+    assert not PrecisionPolicy.fp8(lm_head=True).uses_stochastic_rounding
+
+
+def test_first_and_last_blocks_run_bf16():
+    policy = PrecisionPolicy.mxfp4(SR, bf16_first_blocks=1, bf16_last_blocks=2)
+    want = [None, SR, SR, SR, None, None]
+    assert _recipes(policy, 6)["attention"] == want and _recipes(policy, 6)["mlp"] == want
+    # More BF16 blocks than the model has: every block BF16, the rest of the policy unchanged.
+    assert _recipes(policy, 2) == {"attention": [None] * 2, "mlp": [None] * 2, "lm_head": None, "embedding": None}
+
+
+def test_policy_is_static_and_hashable():
+    a, b = PrecisionPolicy.mxfp4(bf16_last_blocks=2), PrecisionPolicy.mxfp4(bf16_last_blocks=2)
+    assert a == b and hash(a) == hash(b) and a != PrecisionPolicy.mxfp4()
+    calls = []
+
+    @jax.jit(static_argnames="policy")
+    def f(x, policy):
+        calls.append(policy)
+        return x + 1
+
+    f(jnp.ones(2), policy=a)
+    f(jnp.ones(2), policy=b)  # an equal policy reuses the trace
+    assert len(calls) == 1
+
+
+def test_uses_stochastic_rounding():
+    assert not PrecisionPolicy.mxfp4().uses_stochastic_rounding
+    assert PrecisionPolicy.mxfp4(SR).uses_stochastic_rounding
+    assert PrecisionPolicy(lm_head=SR).uses_stochastic_rounding
+    assert not PrecisionPolicy.bf16().uses_stochastic_rounding
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: PrecisionPolicy(linear="mxfp4"), TypeError, "^linear must be an Mxfp4Recipe, an Fp8Recipe or None"),
+    (lambda: PrecisionPolicy(lm_head=1), TypeError, "^lm_head must be"),
+    (lambda: PrecisionPolicy(embedding=object()), TypeError, "^embedding must be"),
+    (lambda: PrecisionPolicy(bf16_first_blocks=-1), ValueError, "^bf16_first_blocks must be >= 0, got -1"),
+    (lambda: PrecisionPolicy(bf16_last_blocks=1.0), TypeError, "^bf16_last_blocks must be an int"),
+    (lambda: PrecisionPolicy(bf16_last_blocks=True), TypeError, "^bf16_last_blocks must be an int"),
+    (lambda: PrecisionPolicy.mxfp4("default"), TypeError, "^recipe must be an Mxfp4Recipe"),
+    (lambda: PrecisionPolicy.mxfp4(Fp8Recipe()), TypeError, "^recipe must be an Mxfp4Recipe"),
+    (lambda: PrecisionPolicy.fp8(Mxfp4Recipe()), TypeError, "^recipe must be an Fp8Recipe"),
+    (lambda: PrecisionPolicy.fp8(embedding="yes"), TypeError, "^embedding must be a bool"),
+    (lambda: PrecisionPolicy.mxfp4(lm_head=1), TypeError, "^lm_head must be a bool"),
+    (lambda: PrecisionPolicy.mxfp4(bf16_last_blocks=-2), ValueError, "^bf16_last_blocks"),
+    (lambda: PrecisionPolicy.bf16().recipe_for("head"), ValueError, "^role must be one of"),
+    (lambda: PrecisionPolicy.bf16().recipe_for("mlp"), TypeError, "^block must be an int for role 'mlp'"),
+    (lambda: PrecisionPolicy.bf16().recipe_for("mlp", 0), TypeError, "^blocks must be an int"),
+    (lambda: PrecisionPolicy.bf16().recipe_for("attention", 2, 2), ValueError, r"^block must be in \[0, blocks = 2\)"),
+    (lambda: PrecisionPolicy.bf16().recipe_for("attention", -1, 2), ValueError, "^block must be in"),
+    (lambda: PrecisionPolicy.bf16().recipe_for("lm_head", 0, 2), ValueError, "is not inside a block"),
+])
+def test_validation_names_the_argument(make, error, message):
+    with pytest.raises(error, match=message):
+        make()
+
+
+def _operands(seed=0, m=48, n=64, k=128):
+    kx, kw = jax.random.split(jax.random.key(seed))
+    return (jax.random.normal(kx, (m, k)).astype(jnp.bfloat16), jax.random.normal(kw, (n, k)).astype(jnp.bfloat16))
+
+
+def test_project_dispatches_by_recipe():
+    x, w = _operands()
+    np.testing.assert_array_equal(np.asarray(project(x, w, None)), np.asarray(gemm(x, w)))
+    recipe = Mxfp4Recipe(fprop_hadamard=16)
+    np.testing.assert_array_equal(np.asarray(project(x, w, recipe)), np.asarray(gemm_fp4_bf16(x, w, recipe)))
+    key = jax.random.key(3)
+    np.testing.assert_array_equal(np.asarray(project(x, w, SR, key=key)),
+                                  np.asarray(gemm_fp4_bf16(x, w, SR, key=key)))
+    fp8 = Fp8Recipe(gradient_format="float8_e4m3fn")
+    np.testing.assert_array_equal(np.asarray(project(x, w, fp8, key=key)), np.asarray(gemm_fp8(x, w, fp8)))
+    with pytest.raises(ValueError, match="^key"):
+        project(x, w, SR)
+    with pytest.raises(TypeError, match="^recipe must be"):
+        project(x, w, "mxfp4")
+
+
+def test_embedding_as_one_hot_gemm_is_a_lookup_in_the_quantized_table():
+    # One-hot rows are exact in MXFP4 (a block holding a single 1.0 gets scale 2^-2 and code 4.0), and the default
+    # recipe has no fprop Hadamard, so each output row is the table's column for that token as MXFP4 quantizes the
+    # table's transpose [dim, vocab] along the vocabulary: the oracle's round trip of that matrix.
+    vocab, dim = 64, 128
+    table = jax.random.normal(jax.random.key(5), (vocab, dim)).astype(jnp.bfloat16)
+    tokens = jnp.array([[0, 5, 63, 5], [17, 2, 2, 40]])
+    got = project(jax.nn.one_hot(tokens, vocab, dtype=jnp.bfloat16), table.T, Mxfp4Recipe.default())
+    quantized = oracle.dequantize(*oracle.quantize(np.asarray(table.T, np.float32)))  # [dim, vocab]
+    np.testing.assert_array_equal(np.asarray(got, np.float32), quantized.T[np.asarray(tokens)])
