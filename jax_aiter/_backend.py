@@ -6,7 +6,9 @@ first implementation, in preference order ``aiter > native > cudnn > xla``, that
 * exists for that platform,
 * has its native library loaded in this process (platforms this machine does not have are exempt when the
   implementation is forced, so a CPU machine can lower and export a program for ROCm), and
-* supports this call (dtype, shape, options), as judged by the implementation's ``supports`` check.
+* supports this call (dtype, shape, options), as judged by the implementation's ``supports`` check, and
+* does not reserve this call for when it is forced (its ``forced_only`` check: e.g. AITER's RMSNorm outside
+  float16, whose range is narrower than the op's contract).
 
 The per-platform choices are combined with :func:`jax.lax.platform_dependent`, so a program traced here lowers
 correctly for any platform. The ``xla`` implementation (pure JAX, ``jax_aiter/ref``) exists for every op and
@@ -65,7 +67,9 @@ class Implementation:
 
     ``library`` names the native library it needs: one name for every platform, or a ``{platform: library}``
     mapping when each platform has its own build; ``targets`` the FFI targets it calls, which that library must
-    export. ``supports(*args, **params)`` returns None when the call is served, else the reason it is not.
+    export. ``supports(*args, **params)`` returns None when the call is served, else the reason it is not;
+    ``forced_only(*args, **params)``, when given, the reason a call it serves is still left to the next
+    implementation unless this one is forced (e.g. a narrower numeric range than the op's contract), or None.
     """
 
     name: str
@@ -74,6 +78,7 @@ class Implementation:
     library: str | Mapping[str, str] | None = None
     targets: tuple[str, ...] = ()
     supports: SupportsFn | None = None
+    forced_only: SupportsFn | None = None
     # Per platform, a variant of ``fn`` and why it is used there: e.g. the native implementation with XLA's own
     # forward where XLA's fusion measured faster than the forward kernel (the backward kernel stays).
     variants: Mapping[str, tuple[Callable[..., Any], str]] = dataclasses.field(default_factory=dict)
@@ -221,7 +226,10 @@ def _status(impl: Implementation, platform: str, args: tuple, params: Mapping[st
     problem = _library_problem(impl, platform)
     if problem is not None and not (forced and platform not in present_platforms()):
         return problem
-    return impl.unsupported_reason(args, params)
+    reason = impl.unsupported_reason(args, params)
+    if reason is None and not forced and impl.forced_only is not None:
+        return impl.forced_only(*args, **params)
+    return reason
 
 
 def select(op: str, platform: str, args: tuple, params: Mapping[str, Any]) -> Implementation:

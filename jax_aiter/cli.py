@@ -210,11 +210,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_check_aiter(args: argparse.Namespace) -> int:
+    import shutil
     from pathlib import Path
 
     from jax_aiter.aiter import validate
 
-    objdump = None if args.no_disassembly else (args.objdump or validate.find_objdump())
+    if args.no_disassembly:
+        objdump, without = None, "--no-disassembly"
+    elif args.objdump:
+        objdump, without = shutil.which(args.objdump), None
+        if objdump is None:
+            print(f"check-aiter: --objdump {args.objdump}: no such executable", file=sys.stderr)
+            return 2
+    else:
+        objdump, without = validate.find_objdump(), "no llvm-objdump found"
     try:
         problems = validate.check_tree(Path(args.path), objdump)
     except validate.ArtifactError as err:
@@ -223,10 +232,10 @@ def cmd_check_aiter(args: argparse.Namespace) -> int:
     for problem in problems:
         print(problem)
     if problems:
-        print(f"check-aiter: {len(problems)} problems", file=sys.stderr)
+        print(f"check-aiter: {len(problems)} problem{'s' if len(problems) > 1 else ''}", file=sys.stderr)
         return 1
-    loads = "with kernarg loads" if objdump else "without disassembly (no llvm-objdump)"
-    print(f"check-aiter: no problems in {args.path} ({loads})")
+    loads = f"with kernarg loads ({objdump})" if objdump else f"without disassembly ({without})"
+    print(f"check-aiter: no problems in {args.path} {loads}")
     return 0
 
 
@@ -283,7 +292,9 @@ def main(argv: list[str] | None = None) -> int:
     check = sub.add_parser("check-aiter", help="check an AITER checkout's GEMM code objects and kernel tables "
                            "against the bridge's argument blocks and table schema")
     check.add_argument("path", help="AITER checkout, its hsa/ folder or an installed stage")
-    check.add_argument("--objdump", help="llvm-objdump with AMDGPU support (default: ROCm's or PATH's)")
+    check.add_argument("--objdump", metavar="PATH", help="the llvm-objdump that disassembles the kernels for the "
+                       "kernarg-load checks: LLVM 17+ for gfx942, 20+ for gfx950, or ROCm's (default: ROCm's, "
+                       "else the one on PATH)")
     check.add_argument("--no-disassembly", action="store_true", help="skip the kernarg-load checks")
     check.set_defaults(run=cmd_check_aiter)
     recipe = sub.add_parser("recipe", help="resolve or run a MaxText recipe with jax-aiter's GEMMs and attention "

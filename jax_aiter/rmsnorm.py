@@ -1,19 +1,23 @@
 """RMSNorm, alone and with the residual add fused in front.
 
-``rms_norm(x, gamma)``: ``y = x * rsqrt(mean(x**2, -1) + epsilon) * gamma`` in float32, returned in x's dtype.
+``rms_norm(x, gamma)``: ``y = x * rsqrt(mean(x**2, -1) + epsilon) * gamma`` in float32, returned in x's dtype;
+exact (to float32 rounding) for every finite input, also where the float32 sum of squares overflows (rows with
+elements around 2^64 / sqrt(H) and beyond: the ``native`` and ``xla`` implementations sum those rows scaled; see
+jax_aiter/ref/rmsnorm.py). The ``aiter`` implementation cannot, so it takes float16 calls only unless forced.
 ``rms_norm_with_add(x, residual, gamma)``: ``s = x + residual`` rounded once to x's dtype, returns
 ``(rms_norm(s, gamma), s)`` — the pre-norm transformer block's residual stream and its normalized copy.
 
 Rematerialization: the native implementation's residuals carry checkpoint names (:data:`CHECKPOINT_NAMES`):
-``"rms_norm_inv_rms"`` (``1/rms`` per row, 4 bytes a row) and ``"rms_norm_sum"`` (``rms_norm_with_add``'s sum).
+``"rms_norm_rms"`` (``rms`` per row, 4 bytes a row) and ``"rms_norm_sum"`` (``rms_norm_with_add``'s sum).
 ``jax.checkpoint(f, policy=jax.checkpoint_policies.save_only_these_names(*CHECKPOINT_NAMES))`` then keeps the
 forward kernel out of the recomputed backward pass, as long as the norm's output itself is not needed there. The
 ``aiter`` implementation saves its inputs, and the ``xla`` reference's residuals are JAX autodiff's own (unnamed);
 docs/mxfp4.md, "Rematerialization".
 
-Implementations, declared at the end of this module: ``aiter`` (ROCm, AITER's forward kernels),
+Implementations, declared at the end of this module: ``aiter`` (ROCm, AITER's forward kernels; by default for
+float16 only, whose squares cannot overflow AITER's float32 sum, and for any dtype when forced),
 ``native`` (this project's kernels, forward and backward, when gamma has x's dtype) and ``xla``
-(``jax_aiter.ref.rmsnorm``, differentiated by JAX).
+(``jax_aiter.ref.rmsnorm``, with the derivative it writes out).
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ from jax_aiter.aiter import rmsnorm as aiter_impl
 from jax_aiter.native import rmsnorm as native_impl
 from jax_aiter.ref import rmsnorm as ref
 
-__all__ = ["CHECKPOINT_NAMES", "INV_RMS_NAME", "SUM_NAME", "rms_norm", "rms_norm_with_add"]
+__all__ = ["CHECKPOINT_NAMES", "RMS_NAME", "SUM_NAME", "rms_norm", "rms_norm_with_add"]
 
-INV_RMS_NAME = native_impl.INV_RMS_NAME
+RMS_NAME = native_impl.RMS_NAME
 SUM_NAME = native_impl.SUM_NAME
-CHECKPOINT_NAMES = (INV_RMS_NAME, SUM_NAME)
+CHECKPOINT_NAMES = (RMS_NAME, SUM_NAME)
 
 
 def rms_norm(x: jax.Array, gamma: jax.Array, epsilon: float = 1e-6) -> jax.Array:
@@ -80,7 +84,8 @@ def _example_with_add():
 
 _backend.define_op("rms_norm", example=_example, implementations=(
     _backend.Implementation("aiter", aiter_impl.rms_norm, platforms=("rocm",), library=AITER_LIBRARY,
-                            targets=(RMS_NORM_FWD,), supports=aiter_impl.supports),
+                            targets=(RMS_NORM_FWD,), supports=aiter_impl.supports,
+                            forced_only=aiter_impl.forced_only),
     _backend.Implementation("native", native_impl.rms_norm, library=native.LIBRARY,
                             targets=native_impl.RMS_NORM_TARGETS, supports=native_impl.supports,
                             variants={"cuda": (native_impl.rms_norm_xla_forward, XLA_FORWARD_NOTE)}),
@@ -88,7 +93,8 @@ _backend.define_op("rms_norm", example=_example, implementations=(
 ))
 _backend.define_op("rms_norm_with_add", example=_example_with_add, implementations=(
     _backend.Implementation("aiter", aiter_impl.rms_norm_with_add, platforms=("rocm",), library=AITER_LIBRARY,
-                            targets=(ADD_RMS_NORM_FWD,), supports=aiter_impl.supports),
+                            targets=(ADD_RMS_NORM_FWD,), supports=aiter_impl.supports,
+                            forced_only=aiter_impl.forced_only),
     _backend.Implementation("native", native_impl.rms_norm_with_add, library=native.LIBRARY,
                             targets=native_impl.RMS_NORM_WITH_ADD_TARGETS, supports=native_impl.supports),
     _backend.Implementation("xla", reverse_mode(ref.rms_norm_with_add)),

@@ -332,16 +332,109 @@ def _tree_from_fixture(root: Path, data: dict) -> None:
 def test_elf_reader_and_check_tree_on_written_code_objects(tmp_path):
     _tree_from_fixture(tmp_path, PINNED)
     read = validate.read_tree(tmp_path)
-    assert read["unreadable"] == []
+    assert read["unreadable"] == {} and read["disassembly"] == []
     for rel, entry in read["code_objects"].items():
         assert (entry["kernel"], entry["args"], entry["kernarg_segment_size"]) == (
             CODE_OBJECTS[rel]["kernel"], CODE_OBJECTS[rel]["args"], CODE_OBJECTS[rel]["kernarg_segment_size"])
     assert validate.check_tree(tmp_path) == []
-    # A code object that is not an ELF file is reported, and so is the row naming it.
+    # A code object that is not an ELF file is reported once, as unreadable: it is present, not missing.
     broken = tmp_path / "hsa/gfx950/f4gemm/f4gemm_bf16_per1x32Fp4_BpreShuffle_64x128.co"
     broken.write_bytes(b"not an elf")
     problems = validate.check_tree(tmp_path)
-    assert len(problems) == 2 and "unreadable" in problems[0] and "missing" in problems[1]
+    assert len(problems) == 1, problems
+    assert problems[0].startswith("hsa/gfx950/f4gemm/f4gemm_bf16_per1x32Fp4_BpreShuffle_64x128.co: unreadable")
+
+
+# --- an llvm-objdump that cannot disassemble the architectures ---------------------------------------------------
+
+# What Debian's llvm-objdump 14 prints: its version, and for a gfx942 or gfx950 code object (ELF machine flags it
+# does not know) this error, exit status 1 (observed with llvm-objdump-14 on code objects clang-22 built).
+_LLVM14_OBJDUMP = r"""#!/bin/sh
+if [ "$1" = "--version" ]; then
+  printf 'Debian LLVM version 14.0.6\n  Optimized build.\n  Default target: x86_64-pc-linux-gnu\n'
+  exit 0
+fi
+for last; do :; done
+printf "llvm-objdump: error: '%s': can't find target: : error: unable to get target for 'unknown--', %s\n" \
+  "$last" "see --version and --triple." >&2
+exit 1
+"""
+
+# One that knows gfx942 but not gfx950 (LLVM 17 to 19): for gfx950 it warns that it ignores the processor and
+# prints no kernel; for gfx942 it prints the kernel's label and an s_endpgm (no kernarg loads), and it fails on the
+# one code object named in FAIL_ON.
+_LLVM18_OBJDUMP = r"""#!{python}
+import importlib.util, sys
+from pathlib import Path
+spec = importlib.util.spec_from_file_location("validate", {validate!r})  # the module alone, without jax
+validate = sys.modules["validate"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(validate)
+if sys.argv[1] == "--version":
+    print("Ubuntu LLVM version 18.1.3")
+    sys.exit(0)
+arch, path = sys.argv[2].removeprefix("--mcpu="), Path(sys.argv[3])
+if arch == "gfx950":
+    print(f"'{{arch}}' is not a recognized processor for this target (ignoring processor)", file=sys.stderr)
+    sys.exit(0)
+if path.name == {fail_on!r}:
+    print(f"llvm-objdump: error: '{{path}}': truncated section", file=sys.stderr)
+    sys.exit(1)
+kernel = validate.read_elf(path.read_bytes())["metadata"]["amdhsa.kernels"][0][".name"]
+print(f"0000000000001600 <{{kernel}}>:\n\ts_endpgm")
+"""
+
+
+def _fake_objdump(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "llvm-objdump"
+    path.write_text(text)
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_an_llvm_14_objdump_is_one_problem_and_nothing_is_missing(tmp_path, capsys):
+    """Debian's default llvm-objdump knows neither gfx942 nor gfx950: one problem says so (the version found,
+    the versions needed, --objdump / --no-disassembly), every code object's metadata is still checked, and no
+    present code object is reported unreadable or missing."""
+    from jax_aiter import cli
+
+    _tree_from_fixture(tmp_path / "tree", PINNED)
+    objdump = _fake_objdump(tmp_path, _LLVM14_OBJDUMP)
+    read = validate.read_tree(tmp_path / "tree", objdump)
+    assert read["unreadable"] == {} and set(read["code_objects"]) == set(CODE_OBJECTS)
+    problems = validate.check_tree(tmp_path / "tree", objdump)
+    assert len(problems) == 1, problems
+    (problem,) = problems
+    for part in (objdump, "(LLVM 14.0.6)", "cannot disassemble gfx942, gfx950 code objects",
+                 "unable to get target for 'unknown--'", "LLVM 17 or newer for gfx942",
+                 "LLVM 20 or newer for gfx950", validate.ROCM_OBJDUMP, "--objdump PATH", "--no-disassembly"):
+        assert part in problem, part
+    assert cli.main(["check-aiter", str(tmp_path / "tree"), "--objdump", objdump]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == problem + "\n" and "check-aiter: 1 problem\n" in captured.err
+    assert cli.main(["check-aiter", str(tmp_path / "tree"), "--objdump", objdump, "--no-disassembly"]) == 0
+    assert "without disassembly (--no-disassembly)" in capsys.readouterr().out
+    assert cli.main(["check-aiter", str(tmp_path / "tree"), "--objdump", str(tmp_path / "absent")]) == 2
+    assert "no such executable" in capsys.readouterr().err
+
+
+def test_an_objdump_without_gfx950_checks_gfx942_and_names_the_rest(tmp_path):
+    """An llvm-objdump that disassembles gfx942 but ignores gfx950: the gfx942 kernels are disassembled (here:
+    no loads), one problem names gfx950 and LLVM 20; a gfx942 code object it then fails on is that file's own
+    problem, and still not missing."""
+    _tree_from_fixture(tmp_path / "tree", PINNED)
+    fail_on = "bf16gemm_fp32bf16_tn_64x64_pf3_splitk.co"
+    assert f"gfx942/bf16gemm/{fail_on}" in CODE_OBJECTS
+    objdump = _fake_objdump(tmp_path, _LLVM18_OBJDUMP.format(python=sys.executable, validate=validate.__file__,
+                                                                  fail_on=fail_on))
+    read = validate.read_tree(tmp_path / "tree", objdump)
+    disassembled = {k for k, v in read["code_objects"].items() if "loads" in v}
+    assert disassembled == {k for k in CODE_OBJECTS if k.startswith("gfx942/") and not k.endswith(fail_on)}
+    problems = validate.check_tree(tmp_path / "tree", objdump)
+    assert len(problems) == 2, problems
+    assert "(LLVM 18.1.3) cannot disassemble gfx950 code objects ('gfx950' is not a recognized processor" in problems[0]
+    assert "LLVM 20 or newer for gfx950" in problems[0] and "gfx942" not in problems[0]
+    assert problems[1].startswith(f"hsa/gfx942/bf16gemm/{fail_on}: {objdump} did not disassemble it (")
+    assert "truncated section" in problems[1] and not any("missing" in p for p in problems)
 
 
 def test_cli_check_aiter(tmp_path, capsys):

@@ -334,6 +334,25 @@ def test_interface_check_accepts_the_documented_interface_and_names_each_differe
 
 
 @needs_git
+@pytest.mark.parametrize("co_name", ["../../../outside.co", "/abs/outside.co", "bf16gemm/./k.co"])
+def test_interface_check_refuses_code_object_names_outside_the_tree(tmp_path, co_name):
+    """A table row whose co_name leaves the asset folder is refused by the build's interface check with the
+    validator's own check (jax-aiter check-aiter; the launcher refuses it too), even when the file it would
+    name exists."""
+    aiter = make_fake_aiter(tmp_path / "aiter")
+    table = aiter / "hsa/gfx942/bf16gemm/bf16gemm_fp32bf16.csv"
+    first_co = _table_kernels(table)[0][0]
+    table.write_text(table.read_text().replace(first_co, co_name, 1))
+    (tmp_path / "outside.co").write_bytes(b"x")  # what ../../../outside.co resolves to from the table's folder
+    assert (table.parent.parent / "../../../outside.co").resolve() == (tmp_path / "outside.co").resolve()
+    refused = validate.asset_name_problem(co_name)
+    assert refused == f"co_name {co_name!r} is not a relative path inside the asset folder (the launcher refuses it)"
+    problems = build.check_interface(aiter, ("gfx942", "gfx950"))
+    assert problems == [f"hsa/gfx942/bf16gemm/bf16gemm_fp32bf16.csv: {refused}"]
+    assert validate.check_table("t.csv", "bf16gemm", validate.read_table(table))[0] == [f"t.csv:2: {refused}"]
+
+
+@needs_git
 def test_stage_builds_reuses_and_refuses(tmp_path, monkeypatch):
     monkeypatch.setattr(validate, "find_objdump", lambda: None)  # the written code objects carry no machine code
     aiter = make_fake_aiter(tmp_path / "aiter")
@@ -489,21 +508,54 @@ def test_device_arch_from_jax_device_attributes():
     assert _support.arch_of(Device(device_kind="Radeon")) is None
 
 
-@pytest.mark.usefixtures("automatic_selection")
-def test_info_reports_aiter_choices_and_reasons(monkeypatch):
+@pytest.fixture
+def aiter_loaded(monkeypatch):
+    """This process as if the AITER bridge library had loaded on a gfx942 machine."""
     targets = tuple(value for name, value in vars(jax_aiter.aiter).items() if name.isupper() and "LIBRARY" not in name)
-    assert "ja_aiter_mha_varlen_bwd" in targets
     loaded = _native.LoadedLibrary("aiter", Path("/fake/libjax_aiter_aiter.so"), targets=targets)
     real_load = _native.load
     monkeypatch.setattr(_native, "load", lambda name: loaded if name.startswith("aiter") else real_load(name))
     monkeypatch.setattr(_support, "local_arch", lambda: "gfx942")
     monkeypatch.setattr(_support, "staged_archs", lambda: ("gfx942", "gfx950"))
+
+
+@pytest.mark.usefixtures("automatic_selection")
+def test_info_reports_aiter_choices_and_reasons(aiter_loaded):
+    assert "ja_aiter_mha_varlen_bwd" in vars(jax_aiter.aiter).values()
     choices = {(c.op, c.platform): c for c in _backend.report(("rocm",))}
-    for op in ("gemm", "rms_norm", "rms_norm_with_add", "flash_attn", "flash_attn_varlen"):
+    for op in ("gemm", "flash_attn", "flash_attn_varlen"):
         assert choices[(op, "rocm")].selected == "aiter", op
     fp4 = choices[("gemm_fp4", "rocm")]
     assert fp4.selected == "xla"
     assert ("aiter", "AITER has these kernels for gfx950 only, this device is gfx942") in fp4.rejected
+    for op in ("rms_norm", "rms_norm_with_add"):  # the typical call is bfloat16: see the test below
+        assert choices[(op, "rocm")].selected != "aiter"
+        assert choices[(op, "rocm")].rejected[0] == ("aiter", _aiter(op).forced_only(
+            _sds((8, 64), jnp.bfloat16), _sds((64,), jnp.bfloat16), epsilon=1e-6))
+
+
+@pytest.mark.usefixtures("automatic_selection")
+@pytest.mark.parametrize("op", ["rms_norm", "rms_norm_with_add"])
+def test_aiter_rms_norm_is_taken_unforced_for_float16_only(aiter_loaded, op):
+    """AITER's RMSNorm sums a row's squares in float32 unscaled: a bfloat16 or float32 row whose sum overflows
+    (elements around 2^64 / sqrt(H) and beyond) would come out as zeros, where the op's contract is exact for every
+    finite input. Unforced, the selection gives such calls to the next implementation and says why; float16
+    (65504^2 * 2^31 < 2^128) keeps AITER. Forced, AITER runs any dtype (test_lower_rms_norm)."""
+    fn = {"rms_norm": functools.partial(rms_norm, epsilon=1e-6),
+          "rms_norm_with_add": functools.partial(rms_norm_with_add, epsilon=1e-6)}[op]
+    for dtype in (jnp.float16, jnp.bfloat16, jnp.float32):
+        x, g = _sds((4, 256), dtype), _sds((256,), dtype)
+        args = (x, g) if op == "rms_norm" else (x, x, g)
+        chosen = _backend.select(op, "rocm", args, {"epsilon": 1e-6})
+        targets = [c["target"] for c in lower_for_rocm(fn, *args)]
+        if dtype == jnp.float16:
+            assert chosen.name == "aiter" and targets and all(t.startswith("ja_aiter_") for t in targets)
+            assert _aiter(op).forced_only(*args, epsilon=1e-6) is None
+        else:
+            assert chosen.name != "aiter" and not any(t.startswith("ja_aiter_") for t in targets), (dtype, targets)
+            reason = _aiter(op).forced_only(*args, epsilon=1e-6)
+            assert f"{jnp.dtype(dtype).name} rows whose sum of squares overflows" in reason
+            assert "only when forced" in reason
 
 
 def test_forcing_aiter_on_an_unsupported_call_names_the_reason():

@@ -318,6 +318,154 @@ def test_second_order_gradients_agree_across_implementations():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+# --- every finite input: rows whose float32 sum of squares overflows, tiny rows, specials -----------------------
+# Against the float64 oracle (exact far beyond these magnitudes). XLA's CPU runtime flushes subnormals to zero, in
+# every implementation alike: on the CPU a subnormal input reads as 0 and the oracle is given the same.
+
+F32_MAX = float(np.finfo(np.float32).max)
+BF16_MAX = float(jnp.finfo(jnp.bfloat16).max)
+
+
+def _extreme_rows(kind, cols, dtype):
+    """Three rows of magnitude ``kind`` times seeded values in ±[0.5, 1), as ``dtype``; ``mixed``: ordinary
+    values, every other one times 1e-30, and one near the dtype's largest value."""
+    rng = np.random.default_rng(cols)
+    base = rng.uniform(0.5, 1.0, (3, cols)) * rng.choice([-1.0, 1.0], (3, cols))
+    if kind == "mixed":
+        base[:, 1::2] *= 1e-30
+        base[:, 0] = np.sign(base[:, 0]) * (BF16_MAX if dtype == jnp.bfloat16 else 3e38)
+    else:
+        base *= {"1e20": 1e20, "3e38": 3e38, "bf16_max": BF16_MAX, "1e-30": 1e-30, "subnormal": 2.0 ** -140}[kind]
+    return jnp.asarray(base, jnp.float32).astype(dtype)
+
+
+def _as_read(x, platform):
+    """x as the platform's arithmetic reads it (float64): the CPU flushes subnormals to zero."""
+    x = _oracle.f64(x)
+    if platform == "cpu":
+        x = np.where(np.abs(x) < np.finfo(np.float32).tiny, 0.0, x)
+    return x
+
+
+EXTREME_CASES = [("1e20", jnp.float32), ("3e38", jnp.float32), ("bf16_max", jnp.bfloat16), ("1e20", jnp.bfloat16),
+                 ("1e-30", jnp.float32), ("1e-30", jnp.bfloat16), ("subnormal", jnp.float32),
+                 ("mixed", jnp.float32), ("mixed", jnp.bfloat16)]
+
+
+@pytest.mark.parametrize("cols", [33, 4096, 40000])
+@pytest.mark.parametrize("kind, dtype", EXTREME_CASES, ids=[f"{k}-{jnp.dtype(d).name}" for k, d in EXTREME_CASES])
+def test_extreme_rows_match_the_float64_oracle(device, impl, kind, dtype, cols):
+    """rms_norm and its gradients at magnitudes whose squares overflow float32 (1e20, 3e38, bfloat16's largest)
+    or underflow it (1e-30, subnormals), and rows mixing them. (33: no 16-byte access; 40000: longer than the
+    GPU kernels hold in registers.) dy is scaled with the rows so that dx = dy * gamma / rms is a normal float32;
+    the bounds are the ordinary tests' ulp bounds (tests/_oracle.py RTOL): the scaling is exact."""
+    if device.platform != "cpu" and impl == "xla" and kind == "subnormal":
+        pytest.skip("whether XLA's GPU code keeps subnormals is XLA's choice")
+    x = jax.device_put(_extreme_rows(kind, cols, dtype), device)
+    gamma = jax.device_put(jnp.asarray(np.linspace(0.5, 1.5, cols), dtype), device)
+    rms_guess = float(np.sqrt(np.mean(_as_read(x, device.platform) ** 2)))
+    dy_scale = max(rms_guess, 1.0) * 2.0 ** -10
+    dy = jax.device_put((jax.random.normal(jax.random.key(7), x.shape) * dy_scale).astype(dtype), device)
+    with jax_aiter.use_backend(rms_norm=impl):
+        y, vjp = jax.vjp(functools.partial(rms_norm, epsilon=1e-6), x, gamma)
+        dx, dgamma = vjp(dy)
+    read = _as_read(x, device.platform)
+    assert np.isfinite(np.asarray(y, np.float64)).all() and np.isfinite(np.asarray(dx, np.float64)).all()
+    _oracle.assert_close(y, _oracle.rms_norm(read, gamma, 1e-6), dtype, factor=2)
+    want_dx, want_dgamma = _oracle.rms_norm_grads(read, gamma, 1e-6, dy)
+    _oracle.assert_close(dx, want_dx, dtype, factor=4)
+    _oracle.assert_close(dgamma, want_dgamma, dtype, factor=4)
+
+
+@pytest.mark.parametrize("cols", [4096, 40000])
+@pytest.mark.parametrize("kind", ["3e38", "mixed"])
+def test_extreme_rows_with_add(device, impl, kind, cols):
+    """The fused add's norm reads the rounded sum: a sum near float32's largest value normalizes exactly (on
+    CUDA this is the forward kernel's test: rms_norm alone takes XLA's forward there). dy is scaled so that dx
+    (about dy / rms) is a normal float32, d_total so that it weighs as much."""
+    x = jax.device_put(_extreme_rows(kind, cols, jnp.float32), device)
+    residual = jax.device_put(jnp.full(x.shape, 1.0, jnp.float32), device)
+    gamma = jax.device_put(jnp.ones(cols, jnp.float32), device)
+    dy = jax.device_put(jax.random.normal(jax.random.key(3), x.shape) * 2.0 ** 100, device)
+    d_total = jax.device_put(jax.random.normal(jax.random.key(4), x.shape) * 2.0 ** -24, device)
+    with jax_aiter.use_backend(rms_norm_with_add=impl):
+        (y, total), vjp = jax.vjp(rms_norm_with_add, x, residual, gamma)
+        dx, dres, dgamma = vjp((dy, d_total))
+    total64 = _oracle.f64(total)
+    _oracle.assert_close(y, _oracle.rms_norm(total64, gamma, 1e-6), jnp.float32, factor=2)
+    want_dx, want_dgamma = _oracle.rms_norm_grads(total64, gamma, 1e-6, dy)
+    _oracle.assert_close(dx, want_dx + _oracle.f64(d_total), jnp.float32, factor=4)
+    _oracle.assert_close(dres, want_dx + _oracle.f64(d_total), jnp.float32, factor=4)
+    _oracle.assert_close(dgamma, want_dgamma, jnp.float32, factor=4)
+
+
+def test_native_forward_saves_the_rms(device):
+    """The forward kernels' second result is sqrt(mean(x^2) + epsilon) per row, a normal float32 for every finite
+    row (the backward kernel's residual): float32's largest values give float32's largest value, not Inf."""
+    rows = np.stack([np.full(64, v) for v in (1e20, 3e38, F32_MAX, 1e-30, 0.0, 1.5)]).astype(np.float32)
+    rows[1, ::2] = -3e38
+    x, gamma = jax.device_put((jnp.asarray(rows), jnp.ones(64, jnp.float32)), device)
+    out = (jax.ShapeDtypeStruct((6, 64), jnp.float32), jax.ShapeDtypeStruct((6,), jnp.float32))
+    _, rms = _oracle.ffi_call_now("ja_rms_norm_fwd", out, x, gamma, epsilon=np.float32(1e-6))
+    want = np.sqrt(np.mean(_oracle.f64(rows) ** 2, axis=-1) + np.float64(np.float32(1e-6)))
+    want = np.minimum(want, F32_MAX)
+    np.testing.assert_allclose(np.asarray(rms, np.float64), want, rtol=2 ** -22)  # a few float32 roundings
+
+
+def test_xla_forward_with_the_backward_kernel_on_huge_rows():
+    """The CUDA variant's residual (rms from XLA's forward) on rows whose float32 sum of squares overflows."""
+    from jax_aiter.native import rmsnorm as native_rmsnorm
+
+    if _native.load("cpu").problem:
+        pytest.skip(_native.load("cpu").problem)
+    x = _extreme_rows("3e38", 96, jnp.float32)
+    gamma = jnp.linspace(0.5, 1.5, 96, dtype=jnp.float32)
+    dy = jax.random.normal(jax.random.key(1), x.shape) * 2.0 ** 100
+    y, vjp = jax.vjp(lambda x, g: native_rmsnorm.rms_norm_xla_forward(x, g, epsilon=1e-6), x, gamma)
+    dx, dgamma = vjp(dy)
+    _oracle.assert_close(y, _oracle.rms_norm(x, gamma, 1e-6), jnp.float32, factor=2)
+    want_dx, want_dgamma = _oracle.rms_norm_grads(x, gamma, 1e-6, dy)
+    _oracle.assert_close(dx, want_dx, jnp.float32, factor=4)
+    _oracle.assert_close(dgamma, want_dgamma, jnp.float32, factor=4)
+
+
+def test_zero_rows_with_the_smallest_epsilon_have_finite_gradients(impl):
+    """dx of an all-zero row is gamma * dy / sqrt(epsilon): 2^63 * gamma * dy for the smallest normal epsilon,
+    where a 1/rms^3 term (2^189) would overflow float32 and turn it into NaN."""
+    tiny = float(np.finfo(np.float32).tiny)
+    x = jnp.zeros((2, 8), jnp.float32)
+    gamma = jnp.linspace(0.5, 1.5, 8, dtype=jnp.float32)
+    dy = jax.random.normal(jax.random.key(2), x.shape)
+    with jax_aiter.use_backend(rms_norm=impl):
+        dx, dgamma = jax.vjp(lambda x, g: rms_norm(x, g, epsilon=tiny), x, gamma)[1](dy)
+    want_dx, want_dgamma = _oracle.rms_norm_grads(x, gamma, np.float64(np.float32(tiny)), dy)
+    _oracle.assert_close(dx, want_dx, jnp.float32)
+    np.testing.assert_array_equal(np.asarray(dgamma), 0.0)
+    assert np.abs(np.asarray(dx)).max() > 2.0 ** 60
+
+
+def test_inf_and_nan_rows_propagate_and_leave_other_rows_exact(impl):
+    """A row holding Inf normalizes to 0 at its finite elements and NaN at the Inf (Inf / Inf), a row holding NaN
+    to NaN, and both give NaN gradients; the other rows of the same call are exact."""
+    x = np.tile(np.linspace(-2.0, 2.0, 16, dtype=np.float32), (4, 1))
+    x[1, 3] = np.inf
+    x[2, 5] = np.nan
+    x[3] *= 1e20
+    x = jnp.asarray(x)
+    gamma = jnp.ones(16, jnp.float32)
+    dy = jnp.ones_like(x)
+    with jax_aiter.use_backend(rms_norm=impl):
+        y, vjp = jax.vjp(lambda x: rms_norm(x, gamma), x)
+        (dx,) = vjp(dy)
+    y, dx = np.asarray(y), np.asarray(dx)
+    assert np.isnan(y[1, 3]) and (np.delete(y[1], 3) == 0).all()
+    assert np.isnan(y[2]).all() and np.isnan(dx[1:3]).all()
+    clean = np.asarray(x)[[0, 3]]
+    _oracle.assert_close(y[[0, 3]], _oracle.rms_norm(clean, gamma, 1e-6), jnp.float32, factor=2)
+    _oracle.assert_close(dx[[0, 3]], _oracle.rms_norm_grads(clean, gamma, 1e-6, np.ones_like(clean))[0], jnp.float32,
+                         factor=4)
+
+
 # --- long reductions (slow tier): accurate to ~1e-6 at 2^24 elements and more ---------------------------------
 
 
@@ -332,7 +480,7 @@ def test_a_row_of_2_25_ones_normalizes_to_one(impl):
 @pytest.mark.slow
 @pytest.mark.parametrize("rows", [2 ** 21, 2 ** 24])
 def test_dgamma_over_millions_of_rows(impl, rows):
-    """dgamma sums dy * x * inv_rms over every row: 2^24 rows of 4 columns, against the exact sum."""
+    """dgamma sums dy * x / rms over every row: 2^24 rows of 4 columns, against the exact sum."""
     x = jnp.tile(jnp.asarray([[1.0, -2.0, 3.0, 0.5]], jnp.float32), (rows, 1))
     gamma = jnp.ones(4, jnp.float32)
     with jax_aiter.use_backend(rms_norm=impl):

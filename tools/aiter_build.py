@@ -221,6 +221,9 @@ def check_interface(aiter: Path, archs: Sequence[str]) -> list[str]:
                 problems.append(f"hsa/{arch}/{family}/{table} lacks columns {missing}")
                 continue
             for co in _table_code_objects(csv_path):
+                if refused := validate.asset_name_problem(co):
+                    problems.append(f"hsa/{arch}/{family}/{table}: {refused}")
+                    continue
                 co_path = csv_path.parent / co if "/" not in co else csv_path.parent.parent / co
                 if not co_path.is_file():
                     problems.append(f"hsa/{arch}/{family}/{table} names {co}, which does not exist")
@@ -332,10 +335,15 @@ def stage(aiter: Path, stage_dir: Path, jit_dir: Path, archs: Sequence[str], *, 
     if stage_dir.exists():
         print("build-aiter: rebuilding because\n  " + "\n  ".join(problems), flush=True)
     interface = check_interface(aiter, archs)
-    # The ASM GEMM code objects and tables against the bridge's argument blocks (and, with an llvm-objdump,
-    # the kernarg loads of their code). Its verdict goes into the manifest: the runtime refuses assets without it.
+    # The ASM GEMM code objects and tables against the bridge's argument blocks (and, with an llvm-objdump that
+    # disassembles these architectures, the kernarg loads of their code). Its verdict goes into the manifest: the
+    # runtime refuses assets without it.
     objdump = validate.find_objdump()
-    artifact_problems = validate.check_tree(aiter, objdump, tuple(archs))
+    artifacts = validate.read_tree(aiter, objdump, tuple(archs))
+    for problem in artifacts["disassembly"]:
+        print(f"build-aiter: {problem}", flush=True)
+    loads_checked = objdump is not None and not artifacts["disassembly"]
+    artifact_problems = list(artifacts["unreadable"].values()) + validate.check_artifacts(artifacts, tuple(archs))
     interface += artifact_problems
     if interface:
         raise BuildError(f"AITER at {key.aiter_commit} differs from what the bridge was written against:\n  "
@@ -358,7 +366,7 @@ def stage(aiter: Path, stage_dir: Path, jit_dir: Path, archs: Sequence[str], *, 
     _stage_assets(aiter, fresh, archs)
     manifest.write(fresh, key, _provenance(),
                    validated={"aiter_commit": key.aiter_commit, "problems": len(artifact_problems),
-                              "kernarg_loads_checked": objdump is not None})
+                              "kernarg_loads_checked": loads_checked})
     # Swap in the complete stage only now: an interrupted build never leaves a half stage behind a manifest.
     shutil.rmtree(stage_dir, ignore_errors=True)
     fresh.rename(stage_dir)

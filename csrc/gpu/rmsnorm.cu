@@ -11,14 +11,14 @@ namespace {
 template <typename E>
 ffi::Error forward(gpu::Stream stream, const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
                    const ffi::AnyBuffer& gamma, float epsilon, ffi::AnyBuffer& y, ffi::AnyBuffer* sum,
-                   ffi::Buffer<ffi::F32>& inv_rms, RowView v) {
+                   ffi::Buffer<ffi::F32>& rms, RowView v) {
   using S = typename E::Storage;
   kernels::RmsNormForwardArgs<S> args{x.typed_data<S>(),
                                       residual != nullptr ? residual->typed_data<S>() : nullptr,
                                       gamma.typed_data<S>(),
                                       y.typed_data<S>(),
                                       sum != nullptr ? sum->typed_data<S>() : nullptr,
-                                      inv_rms.typed_data(),
+                                      rms.typed_data(),
                                       v.rows,
                                       v.cols,
                                       epsilon};
@@ -26,30 +26,30 @@ ffi::Error forward(gpu::Stream stream, const ffi::AnyBuffer& x, const ffi::AnyBu
 }
 
 ffi::Error RmsNormForward(gpu::Stream stream, ffi::AnyBuffer x, ffi::AnyBuffer gamma, float epsilon,
-                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> inv_rms) {
-  auto v = check_rms_norm_forward(x, nullptr, gamma, *y, nullptr, *inv_rms);
+                          ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::Buffer<ffi::F32>> rms) {
+  auto v = check_rms_norm_forward(x, nullptr, gamma, *y, nullptr, *rms);
   if (v.has_error()) return v.error();
   return visit_float_element(x.element_type(), "x", [&](auto e) {
-    return forward<decltype(e)>(stream, x, nullptr, gamma, epsilon, *y, nullptr, *inv_rms, v.value());
+    return forward<decltype(e)>(stream, x, nullptr, gamma, epsilon, *y, nullptr, *rms, v.value());
   });
 }
 
 ffi::Error AddRmsNormForward(gpu::Stream stream, ffi::AnyBuffer x, ffi::AnyBuffer residual, ffi::AnyBuffer gamma,
                              float epsilon, ffi::Result<ffi::AnyBuffer> y, ffi::Result<ffi::AnyBuffer> sum,
-                             ffi::Result<ffi::Buffer<ffi::F32>> inv_rms) {
-  auto v = check_rms_norm_forward(x, &residual, gamma, *y, &(*sum), *inv_rms);
+                             ffi::Result<ffi::Buffer<ffi::F32>> rms) {
+  auto v = check_rms_norm_forward(x, &residual, gamma, *y, &(*sum), *rms);
   if (v.has_error()) return v.error();
   return visit_float_element(x.element_type(), "x", [&](auto e) {
-    return forward<decltype(e)>(stream, x, &residual, gamma, epsilon, *y, &(*sum), *inv_rms, v.value());
+    return forward<decltype(e)>(stream, x, &residual, gamma, epsilon, *y, &(*sum), *rms, v.value());
   });
 }
 
 // dgamma_partial: the [max blocks, cols] float32 workspace XLA allocates for the per-block dgamma sums.
 ffi::Error RmsNormBackward(gpu::Stream stream, int32_t device, ffi::AnyBuffer dy, ffi::AnyBuffer x,
-                           ffi::AnyBuffer gamma, ffi::Buffer<ffi::F32> inv_rms, ffi::AnyBuffer d_sum,
+                           ffi::AnyBuffer gamma, ffi::Buffer<ffi::F32> rms, ffi::AnyBuffer d_sum,
                            ffi::Result<ffi::AnyBuffer> dx, ffi::Result<ffi::AnyBuffer> dgamma,
                            ffi::Result<ffi::Buffer<ffi::F32>> dgamma_partial) {
-  auto v = check_rms_norm_backward(dy, x, gamma, inv_rms, d_sum, *dx, *dgamma, *dgamma_partial);
+  auto v = check_rms_norm_backward(dy, x, gamma, rms, d_sum, *dx, *dgamma, *dgamma_partial);
   if (v.has_error()) return v.error();
   return visit_float_element(x.element_type(), "x", [&](auto e) -> ffi::Error {
     using E = decltype(e);
@@ -57,7 +57,7 @@ ffi::Error RmsNormBackward(gpu::Stream stream, int32_t device, ffi::AnyBuffer dy
     kernels::RmsNormBackwardArgs<S> args{dy.typed_data<S>(),
                                          x.typed_data<S>(),
                                          gamma.typed_data<S>(),
-                                         inv_rms.typed_data(),
+                                         rms.typed_data(),
                                          d_sum.element_count() != 0 ? d_sum.typed_data<S>() : nullptr,
                                          dx->typed_data<S>(),
                                          dgamma_partial->typed_data(),

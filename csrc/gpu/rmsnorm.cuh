@@ -1,8 +1,13 @@
 // RMSNorm on the GPU (CUDA and HIP from this one source): forward, optionally with the residual add fused in
 // front, and backward (dx, and dgamma through per-block partial sums reduced by a second kernel).
-// Numerics follow csrc/cpu/rmsnorm.cc and jax_aiter/ref/rmsnorm.py: float32 math, y = (x * inv_rms) * gamma.
+// Numerics follow csrc/cpu/rmsnorm.cc and jax_aiter/ref/rmsnorm.py: float32 math, y = (x / rms) * gamma,
+// exact for every finite input. A float32 square overflows from 2^64: a row whose sum of squares is not finite
+// is summed again with its elements scaled by 2^-80 (exactly: a power of two), as the reference does; ordinary
+// rows pay nothing for it but one test of the block's sum. The forward saves rms (always a normal float32 for
+// finite x), and the backward works with x / rms, never with 1/rms^3.
 #pragma once
 
+#include <cfloat>
 #include <cstdint>
 #include <initializer_list>
 
@@ -19,7 +24,7 @@ struct RmsNormForwardArgs {
   const S* gamma;
   S* y;
   S* sum;
-  float* inv_rms;  // [rows]
+  float* rms;  // [rows]
   int64_t rows;
   int64_t cols;
   float epsilon;
@@ -30,10 +35,10 @@ struct RmsNormBackwardArgs {
   const S* dy;
   const S* x;
   const S* gamma;
-  const float* inv_rms;
+  const float* rms;
   const S* d_sum;  // null, or the cotangent of the fused add's sum output, added to dx
   S* dx;
-  float* dgamma_partial;  // [>= blocks, cols]: row b is block b's sum of dy * x * inv_rms over its rows
+  float* dgamma_partial;  // [>= blocks, cols]: row b is block b's sum of dy * x / rms over its rows
   int64_t rows;
   int64_t cols;
 };
@@ -71,6 +76,35 @@ __device__ __forceinline__ void store_output(const RmsNormForwardArgs<typename E
 #pragma unroll
   for (int k = 0; k < kVec; ++k) yv.v[k] = E::store(v[k] * scale * E::load(gv.v[k]));
   gpu::store_vec<kVec>(a.y + at, yv);
+}
+
+template <typename E, int kVec>
+__device__ __forceinline__ void load_floats(const typename E::Storage* p, float (&out)[kVec]) {
+  const auto v = gpu::load_vec<kVec>(p);
+#pragma unroll
+  for (int k = 0; k < kVec; ++k) out[k] = E::load(v.v[k]);
+}
+
+// The scale of a row whose float32 sum of squares overflowed: (2^128 * 2^-80)^2 times 2^31 elements stays
+// finite. Such a row has an element above 2^48; the squares pushed below float32's normal range are those of
+// elements under 2^17, together less than 2^-32 of the sum.
+inline constexpr float kOverflowScale = 0x1p-80f;
+
+// Whether a block's sum of squares needs the scaled pass: it overflowed, or the row holds Inf or NaN (which the
+// scaled pass propagates as the plain one would). Uniform over the block: block_sum gives every thread the same.
+__device__ __forceinline__ bool needs_scaling(float sum_sq) { return !(sum_sq <= FLT_MAX); }
+
+struct RowScale {
+  float inv;  // 1 / rms of the row scaled by `pre`: y = (x * pre) * inv * gamma
+  float rms;  // rms of the row itself, what the forward saves
+};
+
+// sum_sq: the row's sum of squares, its elements scaled by pre (1 or kOverflowScale).
+__device__ __forceinline__ RowScale row_scale(float sum_sq, int64_t cols, float epsilon, float pre) {
+  const float u = sum_sq / static_cast<float>(cols) + epsilon * pre * pre;
+  float rms = sqrtf(u) / pre;
+  if (rms > FLT_MAX && u <= FLT_MAX) rms = FLT_MAX;  // a row at float32's largest values may round past it
+  return {rsqrtf(u), rms};
 }
 
 }  // namespace rms_norm_detail
@@ -114,18 +148,35 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_forward_kernel(RmsNor
         for (int k = 0; k < kVec; ++k) sum_sq += v[i][k] * v[i][k];
       }
     }
-    const float scale = rsqrtf(gpu::block_sum(sum_sq, scratch) / static_cast<float>(a.cols) + a.epsilon);
-    if (t == 0) a.inv_rms[blockIdx.x] = scale;
+    float total = gpu::block_sum(sum_sq, scratch);
+    float pre = 1.f;
+    if (needs_scaling(total)) {
+      pre = kOverflowScale;
+      float scaled_sum_sq = 0.f;
+#pragma unroll
+      for (int i = 0; i < kItems; ++i) {
+        if (t + i * stride < accesses) {
+#pragma unroll
+          for (int k = 0; k < kVec; ++k) {
+            v[i][k] *= kOverflowScale;
+            scaled_sum_sq += v[i][k] * v[i][k];
+          }
+        }
+      }
+      total = gpu::block_sum(scaled_sum_sq, scratch);
+    }
+    const RowScale scale = row_scale(total, a.cols, a.epsilon, pre);
+    if (t == 0) a.rms[blockIdx.x] = scale.rms;
 #pragma unroll
     for (int i = 0; i < kItems; ++i) {
       const int j = t + i * stride;
-      if (j < accesses) store_output<E, kVec>(a, row_start + int64_t{j} * kVec, j * kVec, v[i], scale);
+      if (j < accesses) store_output<E, kVec>(a, row_start + int64_t{j} * kVec, j * kVec, v[i], scale.inv);
     }
     return;
   }
 
-  // Streaming path for rows longer than the registers hold: the second pass re-reads the input (the fused
-  // sum from `sum`, which this same thread wrote in the first pass).
+  // Streaming path for rows longer than the registers hold: later passes re-read the input (the fused sum
+  // from `sum`, which this same thread wrote in the first pass).
   CompensatedSum row_sum_sq;
   for (int j = t; j < accesses; j += stride) {
     float v[kVec];
@@ -135,50 +186,70 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_forward_kernel(RmsNor
     for (int k = 0; k < kVec; ++k) access_sum_sq += v[k] * v[k];
     row_sum_sq.add(access_sum_sq);
   }
-  const float scale = rsqrtf(gpu::block_sum(row_sum_sq.sum, scratch) / static_cast<float>(a.cols) + a.epsilon);
-  if (t == 0) a.inv_rms[blockIdx.x] = scale;
   using S = typename E::Storage;
   const S* normalized = a.residual == nullptr ? a.x : a.sum;
-  for (int j = t; j < accesses; j += stride) {
-    const gpu::Vec<S, kVec> sv = gpu::load_vec<kVec>(normalized + row_start + int64_t{j} * kVec);
-    float v[kVec];
+  float total = gpu::block_sum(row_sum_sq.sum, scratch);
+  float pre = 1.f;
+  if (needs_scaling(total)) {
+    pre = kOverflowScale;
+    CompensatedSum scaled_sum_sq;
+    for (int j = t; j < accesses; j += stride) {
+      float v[kVec];
+      load_floats<E, kVec>(normalized + row_start + int64_t{j} * kVec, v);
+      float access_sum_sq = 0.f;
 #pragma unroll
-    for (int k = 0; k < kVec; ++k) v[k] = E::load(sv.v[k]);
-    store_output<E, kVec>(a, row_start + int64_t{j} * kVec, j * kVec, v, scale);
+      for (int k = 0; k < kVec; ++k) access_sum_sq += (v[k] * kOverflowScale) * (v[k] * kOverflowScale);
+      scaled_sum_sq.add(access_sum_sq);
+    }
+    total = gpu::block_sum(scaled_sum_sq.sum, scratch);
+  }
+  const RowScale scale = row_scale(total, a.cols, a.epsilon, pre);
+  if (t == 0) a.rms[blockIdx.x] = scale.rms;
+  for (int j = t; j < accesses; j += stride) {
+    float v[kVec];
+    load_floats<E, kVec>(normalized + row_start + int64_t{j} * kVec, v);
+#pragma unroll
+    for (int k = 0; k < kVec; ++k) v[k] *= pre;
+    store_output<E, kVec>(a, row_start + int64_t{j} * kVec, j * kVec, v, scale.inv);
   }
 }
 
 namespace rms_norm_detail {
 
-// Writes dx for one access; `correction` already holds the row's r^3 * mean(dy * gamma * x) and d_sum the
-// fused add's cotangent (zeros without it).
+// One term of mean(dy * gamma * n), n = x / rms, as (dy * gamma) * (n / cols): the sum of these is at most
+// max |dy * gamma| (mean(n^2) <= 1), so it overflows only where dx does. 1/rms is a float32 subnormal for rms
+// above 2^126, with 21 or more significant bits there: GPU kernels keep subnormals (XLA's CPU runtime does not,
+// hence the CPU kernel's double).
+__device__ __forceinline__ float mean_dot_term(float dy, float g, float x, float inv_rms, float inv_cols) {
+  return dy * g * (x * inv_rms * inv_cols);
+}
+
+// Writes dx = (dy * gamma - n * mean_dot) / rms (+ d_sum) for one access, n = x / rms; `mean_dot` holds the
+// row's mean(dy * gamma * n) and d_sum the fused add's cotangent (zeros without it).
 template <typename E, int kVec>
 __device__ __forceinline__ void backward_store(const RmsNormBackwardArgs<typename E::Storage>& a, int64_t at,
-                                               const float (&dy)[kVec], const float (&x)[kVec],
-                                               const float (&g)[kVec], const float (&d_sum)[kVec], float scale,
-                                               float correction) {
+                                               const float (&dy)[kVec], const float (&n)[kVec],
+                                               const float (&g)[kVec], const float (&d_sum)[kVec], float inv_rms,
+                                               float mean_dot) {
   using S = typename E::Storage;
   gpu::Vec<S, kVec> out;
 #pragma unroll
-  for (int k = 0; k < kVec; ++k) out.v[k] = E::store(scale * dy[k] * g[k] - x[k] * correction + d_sum[k]);
+  for (int k = 0; k < kVec; ++k) out.v[k] = E::store((dy[k] * g[k] - n[k] * mean_dot) * inv_rms + d_sum[k]);
   gpu::store_vec<kVec>(a.dx + at, out);
-}
-
-template <typename E, int kVec>
-__device__ __forceinline__ void load_floats(const typename E::Storage* p, float (&out)[kVec]) {
-  const auto v = gpu::load_vec<kVec>(p);
-#pragma unroll
-  for (int k = 0; k < kVec; ++k) out[k] = E::load(v.v[k]);
 }
 
 }  // namespace rms_norm_detail
 
-// dx = r * dy * gamma - x * r^3 * mean(dy * gamma * x) (+ d_sum);  dgamma = sum over rows of dy * x * r.
+// With n = x / rms: dx = (dy * gamma - n * mean(dy * gamma * n)) / rms (+ d_sum); dgamma = sum over rows of dy * n.
+// No 1/rms^3 (which overflows for rows far below sqrt(epsilon) with a tiny epsilon, and underflows for huge rows).
 // Blocks stride over rows; each thread keeps its columns' dgamma sums in registers (or, for streaming rows,
 // in its block's row of dgamma_partial) and writes them once at the end.
 // kFused: d_sum is present (a template argument, so that the plain backward holds no registers for it).
+// At least one block per multiprocessor: without that bound ptxas spills the scalar (kVec = 1) kernels' few
+// extra registers to stay at its 32- and 40-register occupancy steps.
 template <typename E, int kVec, int kItems, bool kFused>
-__global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNormBackwardArgs<typename E::Storage> a) {
+__global__ void __launch_bounds__(kRowMaxThreads, 1)
+    rms_norm_backward_kernel(RmsNormBackwardArgs<typename E::Storage> a) {
   using namespace rms_norm_detail;
   __shared__ float scratch[gpu::kMaxWaves];
   const int accesses = static_cast<int>(a.cols / kVec);
@@ -224,26 +295,42 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
           for (int k = 0; k < kVec; ++k) dot += E::load(dy[i].v[k]) * E::load(g[i].v[k]) * E::load(x[i].v[k]);
         }
       }
-      const float scale = a.inv_rms[row];
-      const float correction = gpu::block_sum(dot, scratch) * inv_cols * scale * scale * scale;
+      // The plain dot product sum(dy * gamma * x) overflows for x near float32's largest values (a row whose
+      // block sum is not finite, which also holds for Inf or NaN inputs): such a row is summed again as
+      // mean_dot_term's, from the registers.
+      const float row_dot = gpu::block_sum(dot, scratch);
+      const float inv_rms = 1.f / a.rms[row];
+      float mean_dot = row_dot * inv_cols * inv_rms;
+      if (!(fabsf(row_dot) <= FLT_MAX)) {
+        float terms = 0.f;
+#pragma unroll
+        for (int i = 0; i < kItems; ++i) {
+          if (t + i * stride < accesses) {
+#pragma unroll
+            for (int k = 0; k < kVec; ++k)
+              terms += mean_dot_term(E::load(dy[i].v[k]), E::load(g[i].v[k]), E::load(x[i].v[k]), inv_rms, inv_cols);
+          }
+        }
+        mean_dot = gpu::block_sum(terms, scratch);
+      }
 #pragma unroll
       for (int i = 0; i < kItems; ++i) {
         const int j = t + i * stride;
         if (j < accesses) {
-          float dyf[kVec], xf[kVec], gf[kVec], dsf[kVec];
+          float dyf[kVec], nf[kVec], gf[kVec], dsf[kVec];
           gpu::Vec<S, kVec> late_d_sum;
           if constexpr (kFused && !kEarlyDSum) late_d_sum = gpu::load_vec<kVec>(a.d_sum + row_start + int64_t{j} * kVec);
 #pragma unroll
           for (int k = 0; k < kVec; ++k) {
             dyf[k] = E::load(dy[i].v[k]);
-            xf[k] = E::load(x[i].v[k]);
+            nf[k] = E::load(x[i].v[k]) * inv_rms;
             gf[k] = E::load(g[i].v[k]);
             if constexpr (kEarlyDSum) dsf[k] = E::load(d_sum[i].v[k]);
             else if constexpr (kFused) dsf[k] = E::load(late_d_sum.v[k]);
             else dsf[k] = 0.f;
-            acc[i][k].add(dyf[k] * xf[k] * scale);
+            acc[i][k].add(dyf[k] * nf[k]);
           }
-          backward_store<E, kVec>(a, row_start + int64_t{j} * kVec, dyf, xf, gf, dsf, scale, correction);
+          backward_store<E, kVec>(a, row_start + int64_t{j} * kVec, dyf, nf, gf, dsf, inv_rms, mean_dot);
         }
       }
     }
@@ -264,6 +351,9 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
   }
   for (int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
     const int64_t row_start = row * a.cols;
+    // Rows longer than the registers hold are read twice anyway: their mean is summed as mean_dot_term's
+    // directly, at two multiplications an element.
+    const float inv_rms = 1.f / a.rms[row];
     CompensatedSum dot;
     for (int j = t; j < accesses; j += stride) {
       float dy[kVec], x[kVec], g[kVec];
@@ -272,20 +362,21 @@ __global__ void __launch_bounds__(kRowMaxThreads) rms_norm_backward_kernel(RmsNo
       load_floats<E, kVec>(a.gamma + j * kVec, g);
       float access_dot = 0.f;
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) access_dot += dy[k] * g[k] * x[k];
+      for (int k = 0; k < kVec; ++k) access_dot += mean_dot_term(dy[k], g[k], x[k], inv_rms, inv_cols);
       dot.add(access_dot);
     }
-    const float scale = a.inv_rms[row];
-    const float correction = gpu::block_sum(dot.sum, scratch) * inv_cols * scale * scale * scale;
+    const float mean_dot = gpu::block_sum(dot.sum, scratch);
     for (int j = t; j < accesses; j += stride) {
-      float dy[kVec], x[kVec], g[kVec], d_sum[kVec] = {};
+      float dy[kVec], n[kVec], g[kVec], d_sum[kVec] = {};
       load_floats<E, kVec>(a.dy + row_start + int64_t{j} * kVec, dy);
-      load_floats<E, kVec>(a.x + row_start + int64_t{j} * kVec, x);
+      load_floats<E, kVec>(a.x + row_start + int64_t{j} * kVec, n);
       load_floats<E, kVec>(a.gamma + j * kVec, g);
       if constexpr (kFused) load_floats<E, kVec>(a.d_sum + row_start + int64_t{j} * kVec, d_sum);
-      backward_store<E, kVec>(a, row_start + int64_t{j} * kVec, dy, x, g, d_sum, scale, correction);
 #pragma unroll
-      for (int k = 0; k < kVec; ++k) partial[j * kVec + k] += dy[k] * x[k] * scale;
+      for (int k = 0; k < kVec; ++k) n[k] *= inv_rms;
+      backward_store<E, kVec>(a, row_start + int64_t{j} * kVec, dy, n, g, d_sum, inv_rms, mean_dot);
+#pragma unroll
+      for (int k = 0; k < kVec; ++k) partial[j * kVec + k] += dy[k] * n[k];
     }
   }
 }

@@ -1,8 +1,9 @@
 """``rms_norm`` and ``rms_norm_with_add`` on ROCm through AITER's opus RMSNorm (csrc/aiter/rmsnorm.cc).
 
-AITER provides the forward kernels only; the backward pass is the reference's, differentiated by JAX from the
+AITER provides the forward kernels only; the backward pass is the reference's derivative, taken at the
 saved inputs. Float32 accumulation as the op's contract says; the fused add's rounding order is AITER's, so
-results agree with the reference to rounding, not bit for bit.
+results agree with the reference to rounding, not bit for bit. AITER does not scale a row whose sum of squares
+overflows float32, so default selection takes it for float16 only (:func:`forced_only`).
 """
 
 from __future__ import annotations
@@ -39,3 +40,14 @@ def supports(x, *rest, epsilon) -> str | None:
     if x.shape[-1] >= 2**31 or math.prod(x.shape[:-1]) >= 2**31:
         return f"x of shape {tuple(x.shape)} exceeds the kernels' 32-bit row and column counts"
     return _support.arch_problem()
+
+
+def forced_only(x, *rest, epsilon) -> str | None:
+    """Why a call is left to the exact implementations unless aiter is forced. AITER's kernels sum a row's squares
+    in float32 as they are, so a row whose sum overflows (elements around 2^64 / sqrt(H) and beyond, which
+    bfloat16 and float32 hold) comes out as zeros, where the op's contract is exact for every finite input.
+    float16 cannot get there: 65504^2 * 2^31 < 2^128."""
+    if np.dtype(x.dtype) == np.float16:
+        return None
+    return (f"AITER's RMSNorm sums squares in float32 unscaled, so {np.dtype(x.dtype)} rows whose sum of squares "
+            "overflows would come out as zeros; it runs only when forced (jax_aiter.use_backend)")

@@ -9,7 +9,9 @@ The checks run on extracted metadata (:func:`check_artifacts`), in the form tool
 the tests run them on committed fixtures; :func:`read_tree` extracts that metadata from a real tree. It reads
 the ELF code objects and their ``NT_AMDGPU_METADATA`` note (msgpack) with the standard library alone. With an
 ``llvm-objdump`` (``objdump=``) it also disassembles each kernel and checks that every kernarg offset the code
-loads is a field the launcher fills, used in the unit the bridge passes.
+loads is a field the launcher fills, used in the unit the bridge passes. An llvm-objdump that cannot disassemble
+an architecture present (LLVM 14, Debian's default, knows neither gfx942 nor gfx950) is one problem, naming its
+version and the versions needed; those code objects are checked without their loads, never reported missing.
 
 A leaf module: it imports no jax_aiter op module and nothing outside the standard library.
 """
@@ -202,6 +204,15 @@ def check_code_object(where: str, family: str, entry: dict, split_k: bool = True
 _ASSET_NAME = re.compile(r"[A-Za-z0-9_.\-/]+")
 
 
+def asset_name_problem(co_name: str) -> str | None:
+    """Why the launcher refuses a kernel table's code-object name, which it joins to the asset folder (it must
+    stay inside it); None when it accepts it. The build tool (tools/aiter_build.py) checks the names with this
+    too."""
+    if _ASSET_NAME.fullmatch(co_name) and not any(p in ("", ".", "..") for p in co_name.split("/")):
+        return None
+    return f"co_name {co_name!r} is not a relative path inside the asset folder (the launcher refuses it)"
+
+
 def check_table(where: str, family: str, table: dict) -> tuple[list[str], list[dict]]:
     """Problems of one kernel table's header and rows, and its rows as dicts by normalized column."""
     columns = [normalize(c) for c in table["columns"]]
@@ -223,17 +234,18 @@ def check_table(where: str, family: str, table: dict) -> tuple[list[str], list[d
         if bad or not row.get("knlname") or not row.get("coname"):
             problems.append(f"{where}:{line}: unreadable row {fields}")
             continue
-        if not _ASSET_NAME.fullmatch(row["coname"]) or any(p in ("", ".", "..") for p in row["coname"].split("/")):
-            problems.append(f"{where}:{line}: co_name {row['coname']!r} is not a relative path inside the asset "
-                            "folder (the launcher refuses it)")
+        if refused := asset_name_problem(row["coname"]):
+            problems.append(f"{where}:{line}: {refused}")
             continue
         rows.append(row)
     return problems, rows
 
 
 def check_artifacts(artifacts: dict, archs: tuple[str, ...] = ("gfx942", "gfx950")) -> list[str]:
-    """Every problem of the tables the bridge loads for ``archs`` and the code objects their rows name."""
+    """Every problem of the tables the bridge loads for ``archs`` and the code objects their rows name. A code
+    object listed in ``artifacts["unreadable"]`` is present: its own problem is reported there, not here."""
     code_objects, tables = _expand(artifacts)
+    unreadable = artifacts.get("unreadable", {})
     problems = []
     for family, (table_name, family_archs) in TABLES.items():
         for arch in archs:
@@ -251,6 +263,8 @@ def check_artifacts(artifacts: dict, archs: tuple[str, ...] = ("gfx942", "gfx950
             for row in rows:
                 co_where = f"hsa/{arch}/{family}/{row['coname']}"
                 entry = code_objects.get(f"{arch}/{family}/{row['coname']}")
+                if entry is None and f"{arch}/{family}/{row['coname']}" in unreadable:
+                    continue
                 if entry is None:
                     problems.append(f"{co_where}: missing (named by {table_name} for {row['knlname']})")
                     continue
@@ -451,8 +465,27 @@ def scan_loads(disassembly: str, base: int) -> dict:
     return {"loads": sorted(result), "dynamic": dynamic}
 
 
+class DisassemblyError(ArtifactError):
+    """llvm-objdump did not disassemble a code object."""
+
+
+def _disassemble(objdump: str, arch: str, path: Path) -> str:
+    """``llvm-objdump -d --mcpu=arch`` of a code object. An llvm-objdump too old for the architecture either
+    fails (LLVM 14 on gfx942: "can't find target ... 'unknown--'") or warns that it ignores the processor."""
+    try:
+        result = subprocess.run([objdump, "-d", f"--mcpu={arch}", str(path)], capture_output=True, text=True)
+    except OSError as err:
+        raise DisassemblyError(f"cannot run it: {err}") from err
+    complaints = [line.strip() for line in result.stderr.splitlines() if line.strip()]
+    ignored = [line for line in complaints if "not a recognized processor" in line]
+    if result.returncode != 0 or ignored:
+        raise DisassemblyError((ignored or complaints or [f"exit status {result.returncode}"])[0][:300])
+    return result.stdout
+
+
 def read_code_object(path: Path, arch: str, objdump: str | None = None) -> dict:
-    """One code object's kernel, target, kernarg size, arguments and (with ``objdump``) kernarg loads."""
+    """One code object's kernel, target, kernarg size, arguments and (with ``objdump``) kernarg loads. Raises
+    ArtifactError when the file cannot be read, DisassemblyError (a subclass) when only its disassembly failed."""
     data = path.read_bytes()
     try:
         elf = read_elf(data)
@@ -478,15 +511,41 @@ def read_code_object(path: Path, arch: str, objdump: str | None = None) -> dict:
         entry["kernarg_sgpr"] = base
         entry["loads"], entry["dynamic_loads"] = [], []
         if base is not None:
-            out = subprocess.run([objdump, "-d", f"--mcpu={arch}", str(path)], capture_output=True, text=True,
-                                 check=True).stdout
+            out = _disassemble(objdump, arch, path)
             start = out.find(f"<{entry['kernel']}>:")
             if start < 0:
-                raise ArtifactError(f"{path}: {objdump} printed no code for {entry['kernel']}")
+                raise DisassemblyError(f"it printed no code for {entry['kernel']}")
             # One kernel per code object: from its entry to the end (its branch targets are local labels).
             scanned = scan_loads(out[start:], base)
             entry["loads"], entry["dynamic_loads"] = scanned["loads"], scanned["dynamic"]
     return entry
+
+
+# The upstream LLVM release that first disassembles each architecture (ROCm's own LLVM has them earlier).
+LLVM_FOR_ARCH = {"gfx942": 17, "gfx950": 20}
+ROCM_OBJDUMP = "/opt/rocm/llvm/bin/llvm-objdump"
+
+
+def objdump_version(objdump: str) -> str | None:
+    """The LLVM version ``objdump --version`` states (``14.0.6``), None when it states none."""
+    try:
+        out = subprocess.run([objdump, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    match = re.search(r"LLVM version (\S+)", out)
+    return match.group(1) if match else None
+
+
+def disassembler_problem(objdump: str, refused: dict[str, str]) -> str:
+    """The one problem that says ``objdump`` cannot disassemble the architectures in ``refused`` (arch -> what
+    it said on the first code object of that architecture), what is needed, and how to go on."""
+    version = objdump_version(objdump)
+    archs = sorted(refused)
+    needs = ", ".join(f"LLVM {LLVM_FOR_ARCH[a]} or newer for {a}" if a in LLVM_FOR_ARCH else a for a in archs)
+    return (f"{objdump} ({f'LLVM {version}' if version else 'LLVM version unknown'}) cannot disassemble "
+            f"{', '.join(archs)} code objects ({refused[archs[0]]}), so their kernarg loads were not checked. "
+            f"Disassembling them needs {needs}, or ROCm's {ROCM_OBJDUMP}: point check-aiter at one with "
+            "--objdump PATH, or check without disassembly with --no-disassembly")
 
 
 def hsa_root(path: Path) -> Path:
@@ -506,11 +565,17 @@ def read_table(path: Path) -> dict:
 def read_tree(path: Path, objdump: str | None = None, archs: tuple[str, ...] = ("gfx942", "gfx950"),
               families: tuple[str, ...] = tuple(TABLES)) -> dict:
     """The metadata :func:`check_artifacts` checks, read from the code objects and tables under ``path``.
-    Code objects that cannot be read are left out (the check then names them missing) and listed in
-    ``unreadable``."""
+
+    ``unreadable``: code objects present but not readable (path -> problem), which check_artifacts does not
+    report missing. ``disassembly``: problems of the disassembly alone, the metadata of those code objects being
+    read and checked all the same: when ``objdump`` fails on the first code object of an architecture it is
+    taken to be unable to disassemble that architecture, and one problem (:func:`disassembler_problem`) says so
+    for all of them; a later failure is that code object's problem."""
     root = hsa_root(Path(path))
-    code_objects, tables, unreadable = {}, {}, []
+    code_objects, tables, unreadable, disassembly = {}, {}, {}, []
+    refused: dict[str, str] = {}
     for arch in archs:
+        disassembled = False
         for family in families:
             folder = root / arch / family
             if not folder.is_dir():
@@ -518,11 +583,23 @@ def read_tree(path: Path, objdump: str | None = None, archs: tuple[str, ...] = (
             for csv_path in sorted(folder.glob("*.csv")):
                 tables[f"{arch}/{family}/{csv_path.name}"] = read_table(csv_path)
             for co in sorted(folder.glob("*.co")):
+                key = f"{arch}/{family}/{co.name}"
                 try:
-                    code_objects[f"{arch}/{family}/{co.name}"] = read_code_object(co, arch, objdump)
-                except (ArtifactError, OSError, subprocess.CalledProcessError) as err:
-                    unreadable.append(f"hsa/{arch}/{family}/{co.name}: unreadable: {err}")
-    return {"code_objects": code_objects, "tables": tables, "unreadable": unreadable}
+                    try:
+                        code_objects[key] = read_code_object(co, arch, None if arch in refused else objdump)
+                        disassembled = disassembled or objdump is not None
+                    except DisassemblyError as err:
+                        if disassembled:
+                            disassembly.append(f"hsa/{key}: {objdump} did not disassemble it ({err}); its kernarg "
+                                               "loads were not checked")
+                        else:
+                            refused[arch] = str(err)
+                        code_objects[key] = read_code_object(co, arch)
+                except (ArtifactError, OSError) as err:
+                    unreadable[key] = f"hsa/{key}: unreadable: {err}"
+    if refused:
+        disassembly.insert(0, disassembler_problem(objdump, refused))
+    return {"code_objects": code_objects, "tables": tables, "unreadable": unreadable, "disassembly": disassembly}
 
 
 def find_objdump() -> str | None:
@@ -536,4 +613,4 @@ def find_objdump() -> str | None:
 def check_tree(path: Path, objdump: str | None = None, archs: tuple[str, ...] = ("gfx942", "gfx950")) -> list[str]:
     """Every problem the bridge would have with the AITER tree at ``path`` (see the module docstring)."""
     artifacts = read_tree(Path(path), objdump, archs)
-    return artifacts["unreadable"] + check_artifacts(artifacts, archs)
+    return artifacts["disassembly"] + list(artifacts["unreadable"].values()) + check_artifacts(artifacts, archs)

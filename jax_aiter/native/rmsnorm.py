@@ -1,8 +1,11 @@
 """``rms_norm`` and ``rms_norm_with_add`` as this project's kernels (csrc/cpu/rmsnorm.cc, csrc/gpu/rmsnorm.cu;
-contract csrc/include/jax_aiter/rmsnorm.h): forward and backward, float32 math. The forward saves ``1/rms`` per
-row for the backward, under the checkpoint name ``rms_norm_inv_rms`` (and ``rms_norm_with_add`` its sum
+contract csrc/include/jax_aiter/rmsnorm.h): forward and backward, float32 math, exact for every finite input
+(the rows whose float32 sum of squares overflows are summed scaled, as in the reference). The forward saves
+``rms`` per row for the backward, under the checkpoint name ``rms_norm_rms`` (and ``rms_norm_with_add`` its sum
 ``x + residual`` under ``rms_norm_sum``), so a ``jax.checkpoint`` policy that saves them keeps the forward kernel
-out of the recomputed backward pass.
+out of the recomputed backward pass. It saves ``rms`` rather than ``1/rms``: for finite x the rms is a normal
+float32 (from sqrt(epsilon) >= 2^-63 to float32's largest value), where ``1/rms`` is subnormal above 2^126 and
+XLA's CPU runtime flushes subnormals to zero.
 
 Differentiation is reverse mode, like every implementation of these ops: the first derivative runs the backward
 kernel, and each kernel call carries the reference's derivative, so gradients of gradients work too.
@@ -31,7 +34,7 @@ RMS_NORM_TARGETS = ("ja_rms_norm_fwd", "ja_rms_norm_bwd")
 RMS_NORM_WITH_ADD_TARGETS = ("ja_add_rms_norm_fwd", "ja_rms_norm_bwd")
 
 # Checkpoint names of the residuals (jax.checkpoint_policies.save_only_these_names).
-INV_RMS_NAME = "rms_norm_inv_rms"
+RMS_NAME = "rms_norm_rms"
 SUM_NAME = "rms_norm_sum"
 
 
@@ -47,18 +50,17 @@ def _add_forward_kernel(x, residual, gamma, *, epsilon):
         x, residual, gamma, epsilon=np.float32(epsilon))
 
 
-def _backward_kernel(dy, x, gamma, inv_rms, d_sum, *, epsilon):
-    del epsilon  # inv_rms holds it
+def _backward_kernel(dy, x, gamma, rms, d_sum, *, epsilon):
+    del epsilon  # rms holds it
     rows = math.prod(x.shape[:-1])
     out = (jax.ShapeDtypeStruct(x.shape, x.dtype), jax.ShapeDtypeStruct(gamma.shape, gamma.dtype),
            jax.ShapeDtypeStruct((min(rows, DGAMMA_MAX_BLOCKS), x.shape[-1]), jnp.float32))
-    dx, dgamma, _ = jax.ffi.ffi_call("ja_rms_norm_bwd", out, vmap_method="sequential")(dy, x, gamma, inv_rms, d_sum)
+    dx, dgamma, _ = jax.ffi.ffi_call("ja_rms_norm_bwd", out, vmap_method="sequential")(dy, x, gamma, rms, d_sum)
     return dx, dgamma
 
 
 def _forward_reference(x, gamma, *, epsilon):
-    x32 = x.astype(jnp.float32)
-    return ref.rms_norm(x, gamma, epsilon=epsilon), jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1) + epsilon)
+    return ref.rms_norm(x, gamma, epsilon=epsilon), ref.row_rms(x, epsilon=epsilon)
 
 
 def _add_forward_reference(x, residual, gamma, *, epsilon):
@@ -66,10 +68,10 @@ def _add_forward_reference(x, residual, gamma, *, epsilon):
     return y, total, _forward_reference(total, gamma, epsilon=epsilon)[1]
 
 
-def _backward_reference(dy, x, gamma, inv_rms, d_sum, *, epsilon):
-    # inv_rms is a function of x wherever the kernels meet it, so recomputing it from x gives the same values and
+def _backward_reference(dy, x, gamma, rms, d_sum, *, epsilon):
+    # rms is a function of x wherever the kernels meet it, so recomputing it from x gives the same values and
     # the whole derivative through x.
-    del inv_rms
+    del rms
     dx, dgamma = jax.vjp(lambda x, gamma: ref.rms_norm(x, gamma, epsilon=epsilon), x, gamma)[1](dy)
     return (dx + d_sum.astype(dx.dtype) if d_sum.size else dx), dgamma
 
@@ -85,13 +87,13 @@ def _rms_norm(x, gamma, epsilon):
 
 
 def _rms_norm_fwd(x, gamma, epsilon):
-    y, inv_rms = _forward_call(x, gamma, epsilon=epsilon)
-    return y, (x, gamma, checkpoint_name(inv_rms, INV_RMS_NAME))
+    y, rms = _forward_call(x, gamma, epsilon=epsilon)
+    return y, (x, gamma, checkpoint_name(rms, RMS_NAME))
 
 
 def _rms_norm_bwd(epsilon, residuals, dy):
-    x, gamma, inv_rms = residuals
-    return _backward_call(dy, x, gamma, inv_rms, jnp.zeros((0,), x.dtype), epsilon=epsilon)
+    x, gamma, rms = residuals
+    return _backward_call(dy, x, gamma, rms, jnp.zeros((0,), x.dtype), epsilon=epsilon)
 
 
 _rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
@@ -104,14 +106,14 @@ def _rms_norm_with_add(x, residual, gamma, epsilon):
 
 
 def _rms_norm_with_add_fwd(x, residual, gamma, epsilon):
-    y, total, inv_rms = _add_forward_call(x, residual, gamma, epsilon=epsilon)
-    return (y, total), (checkpoint_name(total, SUM_NAME), gamma, checkpoint_name(inv_rms, INV_RMS_NAME))
+    y, total, rms = _add_forward_call(x, residual, gamma, epsilon=epsilon)
+    return (y, total), (checkpoint_name(total, SUM_NAME), gamma, checkpoint_name(rms, RMS_NAME))
 
 
 def _rms_norm_with_add_bwd(epsilon, residuals, cotangents):
-    total, gamma, inv_rms = residuals
+    total, gamma, rms = residuals
     dy, d_total = cotangents
-    dx, dgamma = _backward_call(dy, total, gamma, inv_rms, d_total, epsilon=epsilon)
+    dx, dgamma = _backward_call(dy, total, gamma, rms, d_total, epsilon=epsilon)
     return dx, dx, dgamma
 
 
@@ -120,15 +122,15 @@ _rms_norm_with_add.defvjp(_rms_norm_with_add_fwd, _rms_norm_with_add_bwd)
 
 # XLA's forward with this project's backward kernel: where XLA's own fusion of the forward measured faster than
 # the forward kernel (NVIDIA H200, docs/performance.md). The primal is the reference itself; under
-# differentiation the forward also computes 1/rms per row (the backward kernel's residual) in XLA.
+# differentiation the forward also computes rms per row (the backward kernel's residual) in XLA.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
 def _rms_norm_xla_forward(x, gamma, epsilon):
     return ref.rms_norm(x, gamma, epsilon=epsilon)
 
 
 def _rms_norm_xla_forward_fwd(x, gamma, epsilon):
-    y, inv_rms = _forward_reference(x, gamma, epsilon=epsilon)
-    return y, (x, gamma, checkpoint_name(inv_rms, INV_RMS_NAME))
+    y, rms = _forward_reference(x, gamma, epsilon=epsilon)
+    return y, (x, gamma, checkpoint_name(rms, RMS_NAME))
 
 
 _rms_norm_xla_forward.defvjp(_rms_norm_xla_forward_fwd, _rms_norm_bwd)

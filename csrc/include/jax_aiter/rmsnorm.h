@@ -3,9 +3,13 @@
 // same operands and rejects the same calls with the same messages (as ffi::Error, never an abort). The Python
 // wrappers check first; these checks guard the FFI boundary against direct ffi_call use.
 //
-//   ja_rms_norm_fwd      x, gamma; epsilon               -> y, inv_rms (f32, one per row)
-//   ja_add_rms_norm_fwd  x, residual, gamma; epsilon     -> y, sum (= x + residual), inv_rms
-//   ja_rms_norm_bwd      dy, x, gamma, inv_rms, d_sum     -> dx, dgamma, dgamma_partial (GPU workspace)
+//   ja_rms_norm_fwd      x, gamma; epsilon               -> y, rms (f32, one per row)
+//   ja_add_rms_norm_fwd  x, residual, gamma; epsilon     -> y, sum (= x + residual), rms
+//   ja_rms_norm_bwd      dy, x, gamma, rms, d_sum         -> dx, dgamma, dgamma_partial (GPU workspace)
+//
+// rms = sqrt(mean(x^2) + epsilon) per row, exact for every finite x (rows whose float32 sum of squares
+// overflows are summed scaled): a normal float32 from sqrt(epsilon) >= 2^-63 up to float32's largest value,
+// where 1/rms would be subnormal above 2^126 (and XLA's CPU runtime flushes subnormals to zero).
 #pragma once
 
 #include <cstdint>
@@ -50,14 +54,14 @@ auto bind_rms_norm_backward(Binding&& binding) {
 }
 
 inline ffi::ErrorOr<RowView> check_norm_input(const ffi::AnyBuffer& x, const ffi::AnyBuffer& gamma,
-                                              const ffi::Buffer<ffi::F32>& inv_rms) {
+                                              const ffi::Buffer<ffi::F32>& rms) {
   auto rv = float_rows(x, "x");
   if (rv.has_error()) return rv;
   if (auto err = same_dtype(x, gamma, "x", "gamma"); err.failure()) return err;
   if (gamma.dimensions().size() != 1 || gamma.dimensions()[0] != rv.value().cols)
     return ffi::Error::InvalidArgument("gamma must be 1-D with x's last dimension");
-  if (static_cast<int64_t>(inv_rms.element_count()) != rv.value().rows)
-    return ffi::Error::InvalidArgument("inv_rms must hold one value per row of x");
+  if (static_cast<int64_t>(rms.element_count()) != rv.value().rows)
+    return ffi::Error::InvalidArgument("rms must hold one value per row of x");
   return rv;
 }
 
@@ -65,8 +69,8 @@ inline ffi::ErrorOr<RowView> check_norm_input(const ffi::AnyBuffer& x, const ffi
 inline ffi::ErrorOr<RowView> check_rms_norm_forward(const ffi::AnyBuffer& x, const ffi::AnyBuffer* residual,
                                                     const ffi::AnyBuffer& gamma, const ffi::AnyBuffer& y,
                                                     const ffi::AnyBuffer* sum,
-                                                    const ffi::Buffer<ffi::F32>& inv_rms) {
-  auto rv = check_norm_input(x, gamma, inv_rms);
+                                                    const ffi::Buffer<ffi::F32>& rms) {
+  auto rv = check_norm_input(x, gamma, rms);
   if (rv.has_error()) return rv;
   if (auto err = check_same_shape(y, x, "y", "x"); err.failure()) return err;
   if (residual != nullptr) {
@@ -80,11 +84,11 @@ inline ffi::ErrorOr<RowView> check_rms_norm_forward(const ffi::AnyBuffer& x, con
 // dgamma_partial is the GPU kernel's [blocks, cols] workspace, blocks in [1, rows] (0 only without rows).
 inline ffi::ErrorOr<RowView> check_rms_norm_backward(const ffi::AnyBuffer& dy, const ffi::AnyBuffer& x,
                                                      const ffi::AnyBuffer& gamma,
-                                                     const ffi::Buffer<ffi::F32>& inv_rms,
+                                                     const ffi::Buffer<ffi::F32>& rms,
                                                      const ffi::AnyBuffer& d_sum, const ffi::AnyBuffer& dx,
                                                      const ffi::AnyBuffer& dgamma,
                                                      const ffi::Buffer<ffi::F32>& dgamma_partial) {
-  auto rv = check_norm_input(x, gamma, inv_rms);
+  auto rv = check_norm_input(x, gamma, rms);
   if (rv.has_error()) return rv;
   if (auto err = check_same_shape(dy, x, "dy", "x"); err.failure()) return err;
   if (d_sum.element_count() != 0)
