@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="precision arms to train (default: bf16 fp8 mxfp4 mxfp4-all; --list-arms lists them)")
     conv.add_argument("--list-arms", action="store_true", help="list the arms and exit")
     conv.add_argument("--data", help="corpus: a text file or folder, a token file, or a Megatron .bin/.idx prefix "
-                      "(default for cpu-tiny: the bundled sample of a source checkout)")
+                      "(default for cpu-tiny: the real-text sample shipped with the package)")
     conv.add_argument("--data-kind", default="auto", choices=["auto", "bytes", "uint16", "uint32", "megatron"])
     conv.add_argument("--vocab-size", type=_at_least(1), help="the token corpus's vocabulary size")
     conv.add_argument("--steps", type=_at_least(1))

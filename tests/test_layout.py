@@ -107,8 +107,8 @@ def test_implementation_modules_are_leaves():
 
 
 # Third-party packages of optional extras: a module that needs one may fail to import without it (jax_aiter.flax
-# names the extra to install), and must import when it is there.
-OPTIONAL_DEPENDENCIES = ("flax",)
+# and jax_aiter.maxtext name the extra to install), and must import when it is there.
+OPTIONAL_DEPENDENCIES = ("flax", "maxtext")
 
 
 def test_every_module_imports_on_its_own():

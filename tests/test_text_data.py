@@ -1,6 +1,6 @@
 """The text data layer (jax_aiter/examples/text_data.py): every corpus format against files this test writes with
 known tokens (a Megatron writer from the format's description below), the split, the training and held-out
-windows, and the committed real-text sample (tests/fixtures/text) against its recorded sha256."""
+windows, and the committed real-text sample (jax_aiter/examples/text_sample) against its recorded sha256."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from jax_aiter.examples import text_data
 from jax_aiter.examples.text_data import TokenCorpus
 
 ROOT = Path(__file__).resolve().parents[1]
-SAMPLE = ROOT / "tests" / "fixtures" / "text" / "python-3.11-tutorial.txt"
+SAMPLE = ROOT / "jax_aiter" / "examples" / "text_sample" / "python-3.11-tutorial.txt"
 SAMPLE_SHA256 = "2371ac580ba238c28904ac1e588c4b4f0c323ce5783884d52b00aaf41b59b0ad"
 SAMPLE_BYTES = 256351
 

@@ -160,12 +160,12 @@ class Data:
 
 
 def bundled_sample() -> Path:
-    """The real-text sample of a source checkout (the Python 3.11 tutorial's sources in tests/fixtures/text, 256 KB),
-    the default corpus of ``cpu-tiny``."""
-    path = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "text" / "python-3.11-tutorial.txt"
+    """The real-text sample shipped with the package (the Python 3.11 tutorial's sources, 256 KB, PSF license;
+    jax_aiter/examples/text_sample), the default corpus of ``cpu-tiny``."""
+    path = Path(__file__).resolve().parent / "text_sample" / "python-3.11-tutorial.txt"
     if not path.is_file():
-        raise FileNotFoundError(f"the bundled text sample ({path}) is part of a source checkout, not of the "
-                                "installed package: pass a corpus with --data")
+        raise FileNotFoundError(f"the bundled text sample ({path}) is missing from this installation: reinstall "
+                                "jax-aiter or pass a corpus with --data")
     return path
 
 

@@ -26,7 +26,12 @@ _INTEGRATION = ("AiterQuantization", "disable", "enable", "enabled_policy", "pol
 
 def __getattr__(name: str):
     if name in _INTEGRATION:
-        from jax_aiter.maxtext import _integration
-
+        try:
+            from jax_aiter.maxtext import _integration
+        except ModuleNotFoundError as err:
+            if (err.name or "").partition(".")[0] != "maxtext":
+                raise
+            raise ModuleNotFoundError(f"jax_aiter.maxtext.{name} needs MaxText: pip install 'jax-aiter[maxtext]'",
+                                      name="maxtext") from err
         return getattr(_integration, name)
     raise AttributeError(f"module 'jax_aiter.maxtext' has no attribute {name!r}")
