@@ -27,7 +27,9 @@ def _row_scale(x32: jax.Array, epsilon: float) -> tuple[jax.Array, jax.Array]:
     """Per row (last axis kept): ``scale`` (1 or 2^-80) and ``u = (mean(x^2) + epsilon) * scale^2``, finite for
     finite x, so that ``rsqrt(mean(x^2) + epsilon) = rsqrt(u) * scale``."""
     plain = jnp.mean(x32 * x32, axis=-1, keepdims=True)
-    scaled_x = x32 * OVERFLOW_SCALE
+    # The barrier keeps XLA from rewriting (x*s)*(x*s) as (x*x)*(s*s): s*s = 2^-160 is 0 in float32, and the
+    # rewrite (jaxlib 0.11's CPU compiler makes it) turns an overflowing row into inf*0 = NaN.
+    scaled_x = jax.lax.optimization_barrier(x32 * OVERFLOW_SCALE)
     scaled = jnp.mean(scaled_x * scaled_x, axis=-1, keepdims=True)
     finite = jnp.isfinite(plain)
     u = jnp.where(finite, plain + epsilon, scaled + epsilon * OVERFLOW_SCALE * OVERFLOW_SCALE)
