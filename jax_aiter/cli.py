@@ -130,14 +130,18 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         return fail(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(convergence.ARMS)}")
     if len(set(arms)) != len(arms):
         return fail(f"an arm is named twice in --arms {' '.join(arms)}")
+    seeds = args.seed or [None]
+    if len(set(seeds)) != len(seeds):
+        return fail(f"a seed is named twice in --seed {' '.join(map(str, seeds))}")
     overrides = {name: value for name, value in vars(args).items()
-                 if name in convergence.OVERRIDES and value is not None}
+                 if name in convergence.OVERRIDES and name != "seed" and value is not None}
     try:
-        setup = convergence.Setup.for_model(args.model, **overrides)
+        setups = [convergence.Setup.for_model(args.model, **overrides, **({} if s is None else {"seed": s}))
+                  for s in seeds]
     except ValueError as err:
         return fail(str(err))
-    cfg = setup.config
     if args.lower_only:
+        setup, cfg = setups[0], setups[0].config
         count = models.parameter_count(cfg)
         for name in arms:
             lowered = convergence.lower_step(setup, convergence.ARMS[name].policy)
@@ -150,56 +154,83 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         return fail(f"--data is required for model {args.model} (the bundled sample is for cpu-tiny)")
     try:
         data_path = args.data if args.data is not None else convergence.bundled_sample()
-        setup, data = convergence.load_data(setup, data_path, kind=args.data_kind, vocab_size=args.vocab_size)
+        loaded = [convergence.load_data(setup, data_path, kind=args.data_kind, vocab_size=args.vocab_size)
+                  for setup in setups]
     except (OSError, ValueError) as err:
         return fail(str(err))
-    cfg = setup.config
     out = Path(args.out)
-    try:
-        results = convergence.merge(convergence.load_results(out), setup, data.corpus)
-    except convergence.SetupMismatch as err:
-        return fail(f"--out {out}: {err}")
-    if args.max_gap is not None and convergence.REFERENCE not in arms and convergence.REFERENCE not in results["arms"]:
-        return fail(f"--max-gap needs the {convergence.REFERENCE} arm, in --arms or already in {out}")
-    corpus = data.corpus
+    # One seed writes into --out itself; several write one directory each (seed-<S>) and a summary over seeds.
+    outs = [out] if len(seeds) == 1 else [out / convergence.seed_directory(setup.config.seed) for setup in setups]
+    runs = []
+    for (setup, data), run_out in zip(loaded, outs, strict=True):
+        try:
+            results = convergence.merge(convergence.load_results(run_out), setup, data.corpus)
+        except convergence.SetupMismatch as err:
+            return fail(f"--out {run_out}: {err}")
+        if args.max_gap is not None and convergence.REFERENCE not in arms \
+                and convergence.REFERENCE not in results["arms"]:
+            return fail(f"--max-gap needs the {convergence.REFERENCE} arm, in --arms or already in {run_out}")
+        runs.append((setup, data, run_out, results))
+    setup, data = loaded[0]
+    cfg, corpus = setup.config, data.corpus
     print(f"{args.model}: {models.parameter_count(cfg) / 1e6:.1f} M parameters ({cfg.layers} layers, dim {cfg.dim}, "
           f"{cfg.heads} query / {cfg.kv_heads} KV heads, SwiGLU {cfg.mlp_dim}, vocab {cfg.vocab}); batch {cfg.batch} x "
           f"{cfg.seq_len}, {cfg.steps} steps, warm-up {setup.warmup_steps}, peak lr {cfg.learning_rate:g}")
     print(f"corpus {corpus['name']} (sha256 {corpus['sha256'][:16]}…, {corpus['tokens']} tokens): "
           f"{corpus['epoch_fraction']:.2f} epoch of its training split; held-out loss every {setup.eval_every} steps "
           f"on {setup.eval_batches} batches")
-    for name in arms:
-        log = convergence.open_mllog(out, name)
-        if log is None and name == arms[0]:
-            print("mlperf-logging is not installed (pip install 'jax-aiter[convergence]'): no MLPerf log",
+    tables = {}
+    for setup, data, run_out, results in runs:
+        label = "" if len(runs) == 1 else f"seed {setup.config.seed} "
+        for name in arms:
+            log = convergence.open_mllog(run_out, name)
+            if log is None and name == arms[0] and not tables:
+                print("mlperf-logging is not installed (pip install 'jax-aiter[convergence]'): no MLPerf log",
+                      file=sys.stderr)
+            record = convergence.train_arm(setup, data, name, convergence.ARMS[name],
+                                           on_step=_training_bar(label + name, setup.config.steps), log=log)
+            try:
+                results = convergence.merge(results, setup, data.corpus, name, record)
+            except convergence.SetupMismatch as err:
+                return fail(f"arm {name}: {err}")
+            written = convergence.save(results, run_out)  # after every arm, so a cut-off run keeps the finished arms
+        tables[setup.config.seed] = table = convergence.gaps(results)
+        print(f"\n{label or 'arm':<34} {'held-out':>9} {'gap':>9} {'train':>8} {'gap':>9} {'ms/step':>9} "
+              f"{'vs bf16':>8}")
+        for name, row in table.items():
+            ratio = "—" if row["step_time_ratio"] is None else f"{row['step_time_ratio']:.2f}"
+            print(f"{name:<34} {row['held_out']:>9.4f} {_percent(row['held_out_gap']):>9} {row['train']:>8.4f} "
+                  f"{_percent(row['train_gap']):>9} {row['step_time_ms']:>9.1f} {ratio:>8}")
+        for path in written:
+            print(f"wrote {path}")
+        if not any(path.suffix == ".png" for path in written):
+            print("matplotlib is not installed (pip install 'jax-aiter[convergence]'): no convergence.png",
                   file=sys.stderr)
-        record = convergence.train_arm(setup, data, name, convergence.ARMS[name],
-                                       on_step=_training_bar(name, cfg.steps), log=log)
-        try:
-            results = convergence.merge(results, setup, data.corpus, name, record)
-        except convergence.SetupMismatch as err:
-            return fail(f"arm {name}: {err}")
-        written = convergence.save(results, out)  # after every arm, so a cut-off run keeps the finished arms
-    table = convergence.gaps(results)
-    print(f"\n{'arm':<34} {'held-out':>9} {'gap':>9} {'train':>8} {'gap':>9} {'ms/step':>9} {'vs bf16':>8}")
-    for name, row in table.items():
-        ratio = "—" if row["step_time_ratio"] is None else f"{row['step_time_ratio']:.2f}"
-        print(f"{name:<34} {row['held_out']:>9.4f} {_percent(row['held_out_gap']):>9} {row['train']:>8.4f} "
-              f"{_percent(row['train_gap']):>9} {row['step_time_ms']:>9.1f} {ratio:>8}")
     print(convergence.GAP_DEFINITION)
-    for path in written:
+    if len(runs) == 1:
+        gate = {name: row["held_out_gap"] for name, row in table.items()}
+    else:
+        summary = convergence.seed_summary(tables)
+        path = convergence.save_seed_summary(summary, out)
+        print(f"\n{'over seeds ' + ' '.join(map(str, summary['seeds'])):<34} {'mean gap':>9} {'std':>8} "
+              f"{'std err':>8} {'min':>9} {'max':>9}")
+        for name, row in summary["arms"].items():
+            print(f"{name:<34} {_percent(row['held_out_gap_mean']):>9} {100 * row['held_out_gap_std']:>7.2f}  "
+                  f"{100 * row['held_out_gap_stderr']:>7.2f}  {_percent(row['held_out_gap_min']):>9} "
+                  f"{_percent(row['held_out_gap_max']):>9}")
+        print(convergence.SEED_SUMMARY_DEFINITION)
         print(f"wrote {path}")
-    if not any(path.suffix == ".png" for path in written):
-        print("matplotlib is not installed (pip install 'jax-aiter[convergence]'): no convergence.png", file=sys.stderr)
+        gate = {name: row["held_out_gap_mean"] for name, row in summary["arms"].items()}
     if args.max_gap is None:
         return 0
     # A NaN gap (a diverged arm) fails too: it is not <= the threshold.
-    failing = [name for name, row in table.items()
-               if name != convergence.REFERENCE and not 100 * row["held_out_gap"] <= args.max_gap]
+    what = "held-out gap" if len(runs) == 1 else "mean held-out gap over seeds"
+    failing = [name for name, gap in gate.items()
+               if name != convergence.REFERENCE and not 100 * gap <= args.max_gap]
     if failing:
-        print(f"held-out gap above {args.max_gap} %: {', '.join(failing)}", file=sys.stderr)
+        print(f"{what} above {args.max_gap} %: {', '.join(failing)}", file=sys.stderr)
         return 1
-    print(f"every arm's held-out gap is at most {args.max_gap} %")
+    print(f"every arm's {what} is at most {args.max_gap} %")
     return 0
 
 
@@ -275,9 +306,12 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--seq-len", type=_at_least(1))
     conv.add_argument("--learning-rate", type=float, help="peak learning rate")
     conv.add_argument("--warmup-steps", type=_at_least(0))
-    conv.add_argument("--seed", type=int, help="initial weights, data order and stochastic rounding (default 0)")
+    conv.add_argument("--seed", type=int, nargs="+", metavar="S",
+                      help="initial weights, data order and stochastic rounding (default 0); several seeds train "
+                      "every arm once per seed, each into DIR/seed-<S>, and summarize the paired gaps over seeds")
     conv.add_argument("--max-gap", type=float, metavar="PCT",
-                      help="exit 1 when a non-BF16 arm's held-out gap to BF16 exceeds PCT percent")
+                      help="exit 1 when a non-BF16 arm's held-out gap to BF16 (with several seeds: its mean over "
+                      "the seeds) exceeds PCT percent")
     conv.add_argument("--lower-only", action="store_true",
                       help="only lower each arm's training step (abstract shapes, nothing trained)")
     conv.add_argument("--out", default="convergence-out",

@@ -72,6 +72,51 @@ def test_merge_adds_arms_and_refuses_what_cannot_be_compared():
         convergence.merge(results, setup, corpus, "x", _arm([2.0] * 4, [2.0] * 10, init="other"))
 
 
+def test_seed_summary_is_the_paired_mean_and_spread():
+    tables = {seed: convergence.gaps({"arms": {"bf16": _arm([ref] * 4, [ref] * 10),
+                                               "mxfp4": _arm([arm] * 4, [arm] * 10, ms=20.0)}})
+              for seed, ref, arm in ((0, 2.0, 2.02), (1, 1.0, 1.02), (2, 4.0, 4.16))}
+    summary = convergence.seed_summary(tables)
+    row = summary["arms"]["mxfp4"]
+    # Paired gaps 1 %, 2 %, 4 %: mean 7/3 %, sample variance ((4/3)^2 + (1/3)^2 + (5/3)^2) / 2 = 7/3 (%^2).
+    np.testing.assert_allclose(row["held_out_gap_per_seed"], [0.01, 0.02, 0.04], rtol=1e-12)
+    assert row["held_out_gap_mean"] == pytest.approx(0.07 / 3, rel=1e-12)
+    assert row["held_out_gap_std"] == pytest.approx(0.01 * math.sqrt(7 / 3), rel=1e-12)
+    assert row["held_out_gap_stderr"] == pytest.approx(0.01 * math.sqrt(7 / 9), rel=1e-12)
+    assert (row["held_out_gap_min"], row["held_out_gap_max"]) == pytest.approx((0.01, 0.04), rel=1e-12)
+    assert row["step_time_ratio_mean"] == pytest.approx(2.0)
+    assert summary["seeds"] == [0, 1, 2] and summary["directories"] == ["seed-0", "seed-1", "seed-2"]
+    with pytest.raises(ValueError, match="at least two seeds"):
+        convergence.seed_summary({0: tables[0]})
+
+
+def test_several_seeds_train_one_directory_each_and_gate_on_the_mean_gap(tmp_path, monkeypatch, capsys):
+    """With --seed 0 1 every arm trains once per seed (here a stand-in for training that returns fixed losses):
+    BF16 1.0 / 2.0, MXFP4 +3 % / +1 % — a mean gap of 2 %, which a 2.5 % gate passes though seed 0 alone would
+    not, and a 1.5 % gate fails."""
+    held_out = {(0, "bf16"): 1.0, (0, "mxfp4"): 1.03, (1, "bf16"): 2.0, (1, "mxfp4"): 2.02}
+    trained = []
+
+    def stand_in(setup, data, name, arm, **_):
+        trained.append((setup.config.seed, name))
+        loss = held_out[setup.config.seed, name]
+        return _arm([loss] * 4, [loss] * 10, init=f"seed {setup.config.seed}")
+
+    monkeypatch.setattr(convergence, "train_arm", stand_in)
+    argv = ["convergence", "--steps", "40", "--seed", "0", "1", "--arms", "bf16", "mxfp4", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--max-gap", "2.5"]) == 0
+    assert trained == [(0, "bf16"), (0, "mxfp4"), (1, "bf16"), (1, "mxfp4")]
+    assert "every arm's mean held-out gap over seeds is at most 2.5 %" in capsys.readouterr().out
+    for seed in (0, 1):
+        results = json.loads((tmp_path / f"seed-{seed}" / "convergence.json").read_text())
+        assert results["setup"]["config"]["seed"] == seed and list(results["arms"]) == ["bf16", "mxfp4"]
+    summary = json.loads((tmp_path / "seeds.json").read_text())
+    np.testing.assert_allclose(summary["arms"]["mxfp4"]["held_out_gap_per_seed"], [0.03, 0.01], rtol=1e-12)
+    assert summary["arms"]["mxfp4"]["held_out_gap_mean"] == pytest.approx(0.02, rel=1e-12)
+    assert cli.main([*argv, "--max-gap", "1.5"]) == 1
+    assert "mean held-out gap over seeds above 1.5 %: mxfp4" in capsys.readouterr().err
+
+
 def test_model_shapes():
     # 75m, issue 18's 74.7 M: embedding and head 2 * 256 * 768, per block q and o 2 * 768^2, k and v
     # 2 * 768 * 192, SwiGLU 3 * 768 * 2048, two norms 2 * 768; twelve blocks and the final norm 768.
@@ -99,6 +144,7 @@ def test_llama_8b_shape_lowers_with_the_default_mxfp4_policy():
 
 @pytest.mark.parametrize("argv, message", [
     (["--arms", "bf16", "bf16"], "an arm is named twice"),
+    (["--seed", "1", "1"], "a seed is named twice"),
     (["--arms", "mxfp4", "--max-gap", "1", "--out", "{tmp}"], "--max-gap needs the bf16 arm"),
     (["--model", "75m"], "--data is required for model 75m"),
     (["--model", "no-such-model"], "model must be one of"),

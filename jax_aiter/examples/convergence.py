@@ -11,6 +11,8 @@ The gap of an arm is ``(loss_arm - loss_bf16) / loss_bf16``: held-out on the mea
 training loss of the last :data:`FINAL_TRAIN_FRACTION` of the steps. Results go to ``convergence.json`` (every
 curve), ``convergence.png`` and, with the optional ``mlperf-logging`` package, one MLPerf-format log per arm
 (``mllog/<arm>.log``). Arms trained by separate calls with the same setup merge into one ``convergence.json``.
+Several seeds give one such directory per seed and ``seeds.json``, the paired gaps' mean and spread over seeds
+(:func:`seed_summary`): a gap smaller than the run-to-run spread is not a result.
 """
 
 from __future__ import annotations
@@ -37,8 +39,9 @@ from jax_aiter.gemm_fp4 import Mxfp4Recipe
 from jax_aiter.precision import PrecisionPolicy
 
 __all__ = ["ARMS", "DEFAULT_ARMS", "FINAL_EVALS", "FINAL_TRAIN_FRACTION", "GAP_DEFINITION", "OVERRIDES", "REFERENCE",
-           "Arm", "Data", "MlperfLog", "Setup", "SetupMismatch", "bundled_sample", "gaps", "load_data", "load_results",
-           "lower_step", "merge", "open_mllog", "save", "train_arm"]
+           "SEED_SUMMARY_DEFINITION", "Arm", "Data", "MlperfLog", "Setup", "SetupMismatch", "bundled_sample", "gaps",
+           "load_data", "load_results", "lower_step", "merge", "open_mllog", "save", "save_seed_summary",
+           "seed_directory", "seed_summary", "train_arm"]
 
 REFERENCE = "bf16"
 FINAL_EVALS = 3
@@ -377,6 +380,46 @@ def gaps(results: dict) -> dict[str, dict]:
 GAP_DEFINITION = (f"gap = (loss_arm - loss_bf16) / loss_bf16; held-out: mean of the last {FINAL_EVALS} held-out "
                   "evaluations (the last at the final step; the one before training never counts); train: mean "
                   f"training loss over the last {FINAL_TRAIN_FRACTION:.0%} of the steps")
+
+
+def seed_directory(seed: int) -> str:
+    """The directory, under ``--out``, of one seed's results when several seeds are trained."""
+    return f"seed-{seed}"
+
+
+SEED_SUMMARY_DEFINITION = ("over seeds: each seed trains every arm from its own weights and data order, and each "
+                           "arm's gap is taken to the BF16 arm of the same seed (paired); mean, sample standard "
+                           "deviation, standard error of the mean (std / sqrt(seeds)), smallest and largest gap")
+
+
+def seed_summary(tables: dict[int, dict[str, dict]]) -> dict:
+    """The paired gaps of several seeds. ``tables`` maps each seed to its :func:`gaps` table; every arm with a gap
+    in every seed is summarized (held-out and train gap: per-seed values, mean, sample std, standard error, min,
+    max; the mean step-time ratio). Needs two seeds or more."""
+    if len(tables) < 2:
+        raise ValueError(f"a summary over seeds needs at least two seeds, got {len(tables)}")
+    seeds = list(tables)
+    names = [name for name in tables[seeds[0]]
+             if all(tables[s].get(name, {}).get("held_out_gap") is not None for s in seeds)]
+    arms = {}
+    for name in names:
+        row = {}
+        for kind in ("held_out_gap", "train_gap"):
+            values = [tables[s][name][kind] for s in seeds]
+            std = statistics.stdev(values)
+            row.update({f"{kind}_per_seed": values, f"{kind}_mean": statistics.fmean(values), f"{kind}_std": std,
+                        f"{kind}_stderr": std / math.sqrt(len(values)), f"{kind}_min": min(values),
+                        f"{kind}_max": max(values)})
+        row["step_time_ratio_mean"] = statistics.fmean(tables[s][name]["step_time_ratio"] for s in seeds)
+        arms[name] = row
+    return {"seeds": seeds, "definition": SEED_SUMMARY_DEFINITION, "gap_definition": GAP_DEFINITION,
+            "directories": [seed_directory(s) for s in seeds], "arms": arms}
+
+
+def save_seed_summary(summary: dict, out_dir: Path) -> Path:
+    path = Path(out_dir) / "seeds.json"
+    path.write_text(json.dumps(summary, indent=1, allow_nan=True))
+    return path
 
 
 def save(results: dict, out_dir: Path) -> list[Path]:
