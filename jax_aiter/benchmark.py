@@ -17,6 +17,9 @@ every number):
   determinism flag) and with XLA, forward + backward;
 * **block**: one Llama-style decoder block training step (forward + gradients of all weights) built from this
   project's ops (bf16 linears, and MXFP4 linears) against the same block in plain JAX;
+* **train**: one training step (forward, gradients, clipping, Adam) of the convergence benchmark's ``75m``
+  decoder (74.7 M parameters, 16 x 1024 tokens; ``cpu-tiny`` with ``--quick``) under the BF16, FP8 and default
+  MXFP4 precision policies (docs/convergence.md), each against the BF16 step;
 * **fsdp** (two or more devices): the ``gemm_fp4_bf16`` and ``gemm`` training steps with FSDP sharding against
   one device.
 
@@ -49,7 +52,7 @@ import numpy as np
 BF16 = jnp.bfloat16
 L2_BYTES = 60 * 2 ** 20  # H200; rotated inputs span at least twice this
 LARGE_BYTES = 64 * 2 ** 20  # kernel cases moving fewer bytes are reported but not held to targets
-SECTIONS = ("kernels", "linear", "attention", "block", "fsdp")
+SECTIONS = ("kernels", "linear", "attention", "block", "train", "fsdp")
 
 # Targets (docs/performance.md): kernels as (fraction of the copy ceiling, speed-up of the kernel over XLA);
 # every default must reach DEFAULT_VS_XLA of plain XLA's speed.
@@ -69,6 +72,8 @@ DEFAULT_VS_XLA = 0.98
 LINEAR_TARGETS = {"fwd": 1.2, "fwd+bwd": 1.3}  # gemm_fp4_bf16 time / bf16 jnp.dot linear time, at most
 ATTENTION_DEFAULT_VS_CUDNN = 0.95  # cuDNN time / default time, at least
 ATTENTION_DETERMINISTIC_VS_CUDNN = 2.0  # deterministic time / cuDNN time, at most
+TRAIN_MXFP4_VS_BF16 = 1.2  # the 75m model's MXFP4 training step time / its BF16 step time, at most
+TRAIN_ARMS = ("bf16", "fp8", "mxfp4")  # arms of jax_aiter.examples.convergence
 
 
 # --- measuring -----------------------------------------------------------------------------------------------
@@ -569,6 +574,45 @@ def run_block(ctx: Context, matmul_flops: float) -> None:
         ctx.add(row)
 
 
+# --- a model's training step ------------------------------------------------------------------------------
+
+
+def run_train(ctx: Context, matmul_flops: float) -> None:
+    from jax_aiter.examples import convergence, models, tiny_llama
+
+    model = "cpu-tiny" if ctx.quick else "75m"
+    setup = convergence.Setup.for_model(model)
+    cfg = setup.config
+    params = tiny_llama.init_params(cfg, jax.random.key(0))
+    opt_state = tiny_llama.adam_init(params)
+    tokens = jax.random.randint(jax.random.key(1), (cfg.batch, cfg.seq_len + 1), 0, cfg.vocab, jnp.int32)
+    args = (params, opt_state, tokens)
+    # Model FLOPs: 6 per parameter and token (forward and both gradients) plus causal attention's
+    # 4 * S * dim per token and layer, halved by the mask, three times over for the backward pass.
+    token_count = cfg.batch * cfg.seq_len
+    flops = token_count * (6 * models.parameter_count(cfg) + 3 * 2 * cfg.seq_len * cfg.dim * cfg.layers)
+    times = {}
+    for name in TRAIN_ARMS:
+        arm = convergence.ARMS[name]
+        row = dict(section="train", name=name, model=model, policy=arm.description,
+                   shape=[cfg.batch, cfg.seq_len, cfg.dim, cfg.layers])
+        try:
+            step = compile_fn(convergence.make_step(setup, arm.policy, jax.random.key(2)), *args)
+            times[name] = timed(lambda a, step=step: step(*a), args, ctx.batches, calls=3)
+        except Exception as err:  # noqa: BLE001
+            row["error"] = f"{type(err).__name__}: {err}"
+            ctx.add(row)
+            continue
+        row.update(time_s=times[name], tokens_per_s=token_count / times[name], tflops=flops / times[name] / 1e12,
+                   fraction_of_peak=flops / times[name] / matmul_flops)
+        if name != "bf16" and "bf16" in times:
+            row["bf16_over_this"] = times["bf16"] / times[name]
+            if name == "mxfp4":
+                row["target"] = dict(this_over_bf16=TRAIN_MXFP4_VS_BF16)
+                row["met"] = dict(this_over_bf16=times[name] / times["bf16"] <= TRAIN_MXFP4_VS_BF16)
+        ctx.add(row)
+
+
 # --- FSDP on several devices --------------------------------------------------------------------------------
 
 
@@ -671,6 +715,17 @@ def summary(result: dict) -> str:
             vs_xla = f"{vs_xla:6.2f}x" if vs_xla is not None else f"{'-':>7}"
             lines.append(f"{r['name']:<34} {_fmt_shape(r['shape']):>22} {r['time_s'] * 1e3:8.2f} {r['tflops']:8.1f} "
                          f"{vs_cudnn} {vs_xla}  {mark(r)}")
+    train = [r for r in rows if r["section"] == "train"]
+    if train:
+        lines.append(f"\n{'training step (B,S,dim,layers)':<34} {'shape':>22} {'ms':>8} {'tokens/s':>10} "
+                     f"{'vs BF16':>8}")
+        for r in train:
+            if "error" in r:
+                lines.append(f"{r['model']} {r['name']:<24} {_fmt_shape(r['shape']):>22} FAILED: {r['error'][:200]}")
+                continue
+            vs_bf16 = f"{r['bf16_over_this']:7.2f}x" if "bf16_over_this" in r else f"{'-':>8}"
+            lines.append(f"{r['model'] + ' ' + r['name']:<34} {_fmt_shape(r['shape']):>22} {r['time_s'] * 1e3:8.2f} "
+                         f"{r['tokens_per_s']:10.0f} {vs_bf16}  {mark(r)}")
     fsdp = [r for r in rows if r["section"] == "fsdp"]
     for r in fsdp:
         if "error" in r:
@@ -718,6 +773,10 @@ def plot(result: dict, path: str) -> str | None:
             speed.append({k: v for k, v in (("vs cuDNN", r.get("cudnn_over_this")),
                                             ("vs XLA", r.get("xla_over_this"))) if v is not None})
             fraction.append({"ours": r["fraction_of_peak"]})
+        elif r["section"] == "train":
+            labels.append(f"train {r['model']} {r['name']} {shape}")
+            speed.append({"vs BF16 step": r.get("bf16_over_this", 1.0)})
+            fraction.append({"ours": r["fraction_of_peak"]})
         else:
             labels.append(f"block {r['name']} {shape}")
             speed.append({"vs plain JAX": r.get("plain_over_this", 1.0)})
@@ -730,7 +789,8 @@ def plot(result: dict, path: str) -> str | None:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, height), sharey=True)
     y = np.arange(len(rows))
     for axis, data, keys, title in ((ax1, speed, keys_speed, "speed relative to the reference (>1: ours faster)\n"
-                                     "kernels: vs plain XLA; linear: vs bf16 jnp.dot; attention: vs cuDNN/XLA"),
+                                     "kernels: vs plain XLA; linear: vs bf16 jnp.dot; attention: vs cuDNN/XLA; "
+                                     "train: vs the BF16 step"),
                                     (ax2, fraction, keys_frac, "fraction of the copy ceiling (kernels) or of the "
                                      "bf16 matmul rate (rest)")):
         width = 0.8 / max(len(keys), 1)
@@ -768,10 +828,12 @@ def main(argv: list[str] | None = None) -> int:
     expected = {"kernels": len(kernel_cases(args.quick)),
                 "linear": (4 if not args.quick else 2) + (jax.default_backend() != "cpu"),
                 "attention": 14 if _cudnn_available() else 8, "block": 4 if _cudnn_available() else 3,
+                "train": len(TRAIN_ARMS),
                 "fsdp": 2 if len(jax.devices()) > 1 else 0}
     ctx.progress = Progress(sum(expected[s] for s in sections))
     runners = {"kernels": lambda: run_kernels(ctx, copy_bw), "linear": lambda: run_linear(ctx, matmul),
                "attention": lambda: run_attention(ctx, matmul), "block": lambda: run_block(ctx, matmul),
+               "train": lambda: run_train(ctx, matmul),
                "fsdp": lambda: run_fsdp(ctx)}
     os.makedirs(args.out, exist_ok=True)
     json_path = os.path.join(args.out, "bench.json")

@@ -40,7 +40,7 @@ from jax_aiter.precision import PrecisionPolicy
 
 __all__ = ["ARMS", "DEFAULT_ARMS", "FINAL_EVALS", "FINAL_TRAIN_FRACTION", "GAP_DEFINITION", "OVERRIDES", "REFERENCE",
            "SEED_SUMMARY_DEFINITION", "Arm", "Data", "MlperfLog", "Setup", "SetupMismatch", "bundled_sample", "gaps",
-           "load_data", "load_results", "lower_step", "merge", "open_mllog", "save", "save_seed_summary",
+           "load_data", "load_results", "lower_step", "make_step", "merge", "open_mllog", "save", "save_seed_summary",
            "seed_directory", "seed_summary", "train_arm"]
 
 REFERENCE = "bf16"
@@ -208,8 +208,10 @@ def _clip_by_global_norm(grads, max_norm: float):
     return jax.tree.map(lambda g: g * factor, grads)
 
 
-def _make_step(setup: Setup, policy: PrecisionPolicy, sr_key: jax.Array):
-    """One training step; stochastic rounding at step t uses ``fold_in(sr_key, t)``."""
+def make_step(setup: Setup, policy: PrecisionPolicy, sr_key: jax.Array):
+    """One training step ``(params, opt_state, tokens) -> (params, opt_state, loss)``: loss and gradients under
+    ``policy``, global-norm clipping, Adam at the schedule's rate; stochastic rounding at step t uses
+    ``fold_in(sr_key, t)``."""
     cfg = setup.config
 
     def step(params, opt_state, tokens):
@@ -243,7 +245,7 @@ def train_arm(setup: Setup, data: Data, name: str, arm: Arm, *,
     params = tiny_llama.init_params(cfg, base_key)
     init_sha256 = _sha256(jax.tree.leaves(jax.device_get(params)))
     opt_state = tiny_llama.adam_init(params)
-    step_fn = jax.jit(_make_step(setup, policy, jax.random.fold_in(base_key, 1)), donate_argnums=(0, 1))
+    step_fn = jax.jit(make_step(setup, policy, jax.random.fold_in(base_key, 1)), donate_argnums=(0, 1))
     eval_fn = jax.jit(lambda params, tokens: _text_loss(params, tokens, cfg, policy, jax.random.key(0)))
     held_out = [jnp.asarray(b) for b in data.held_out]
 
@@ -311,7 +313,7 @@ def lower_step(setup: Setup, policy: PrecisionPolicy) -> jax.stages.Lowered:
     params = jax.eval_shape(functools.partial(tiny_llama.init_params, cfg), jax.random.key(0))
     opt_state = jax.eval_shape(tiny_llama.adam_init, params)
     tokens = jax.ShapeDtypeStruct((cfg.batch, cfg.seq_len + 1), jnp.int32)
-    return jax.jit(_make_step(setup, policy, jax.random.key(0))).lower(params, opt_state, tokens)
+    return jax.jit(make_step(setup, policy, jax.random.key(0))).lower(params, opt_state, tokens)
 
 
 # --- results -------------------------------------------------------------------------------------------------
