@@ -678,54 +678,43 @@ def summary(result: dict) -> str:
         return "met" if all(values) else "MISSED " + ",".join(k for k, v in met.items() if v is False)
 
     rows = result["rows"]
-    kernels = [r for r in rows if r["section"] == "kernels"]
-    if kernels:
-        lines.append(f"\n{'kernel':<30} {'shape':>12} {'xla us':>8} {'kernel':>8} {'default':>8} {'of copy':>7} "
-                     f"{'k/xla':>6} {'dflt/xla':>8}")
-        for r in kernels:
-            if "error" in r:
-                lines.append(f"{r['name']:<30} {_fmt_shape(r['shape']):>12} FAILED: {r['error']}")
-                continue
-            lines.append(f"{r['name']:<30} {_fmt_shape(r['shape']):>12} {r['xla_s'] * 1e6:8.1f} "
-                         f"{r['kernel_s'] * 1e6:8.1f} {r['default_s'] * 1e6:8.1f} {r['kernel_fraction_of_copy']:7.2f} "
-                         f"{r['kernel_vs_xla']:5.2f}x {r['default_vs_xla']:7.2f}x  {mark(r)}")
-    linear = [r for r in rows if r["section"] == "linear"]
-    if linear:
-        lines.append(f"\n{'linear (MxN, K)':<30} {'shape':>18} {'ours ms':>9} {'bf16 ms':>9} {'ratio':>6} "
-                     f"{'of peak':>7}")
-        for r in linear:
-            if "error" in r:
-                lines.append(f"{r['name']:<30} {_fmt_shape(r['shape']):>18} FAILED: {r['error']}")
-                continue
-            key = _linear_key(r)
-            lines.append(f"{r['name']:<30} {_fmt_shape(r['shape']):>18} {r[f'{key}_s'] * 1e3:9.2f} "
-                         f"{r['bf16_s'] * 1e3:9.2f} {r[f'{key}_over_bf16']:5.2f}x "
-                         f"{r[f'{key}_fraction_of_peak']:7.2f}  {mark(r)}")
+
+    def table(section, header, label_width, shape_width, numbers, label=lambda r: r["name"]):
+        """One section's rows under ``header``: label, shape, ``numbers(row)`` and the target mark."""
+        chosen = [r for r in rows if r["section"] == section]
+        if not chosen:
+            return
+        lines.append(f"\n{header}")
+        for r in chosen:
+            start = f"{label(r):<{label_width}} {_fmt_shape(r['shape']):>{shape_width}}"
+            lines.append(f"{start} FAILED: {r['error'][:200]}" if "error" in r else f"{start} {numbers(r)}  {mark(r)}")
+
+    def linear_numbers(r):
+        key = _linear_key(r)
+        return (f"{r[f'{key}_s'] * 1e3:9.2f} {r['bf16_s'] * 1e3:9.2f} {r[f'{key}_over_bf16']:5.2f}x "
+                f"{r[f'{key}_fraction_of_peak']:7.2f}")
+
+    def timed_numbers(r):
+        vs_cudnn = f"{r['cudnn_over_this']:8.2f}x" if "cudnn_over_this" in r else f"{'-':>9}"
+        vs_xla = r.get("xla_over_this", r.get("plain_over_this"))
+        vs_xla = f"{vs_xla:6.2f}x" if vs_xla is not None else f"{'-':>7}"
+        return f"{r['time_s'] * 1e3:8.2f} {r['tflops']:8.1f} {vs_cudnn} {vs_xla}"
+
+    def train_numbers(r):
+        vs_bf16 = f"{r['bf16_over_this']:7.2f}x" if "bf16_over_this" in r else f"{'-':>8}"
+        return f"{r['time_s'] * 1e3:8.2f} {r['tokens_per_s']:10.0f} {vs_bf16}"
+
+    table("kernels", f"{'kernel':<30} {'shape':>12} {'xla us':>8} {'kernel':>8} {'default':>8} {'of copy':>7} "
+          f"{'k/xla':>6} {'dflt/xla':>8}", 30, 12,
+          lambda r: f"{r['xla_s'] * 1e6:8.1f} {r['kernel_s'] * 1e6:8.1f} {r['default_s'] * 1e6:8.1f} "
+                    f"{r['kernel_fraction_of_copy']:7.2f} {r['kernel_vs_xla']:5.2f}x {r['default_vs_xla']:7.2f}x")
+    table("linear", f"{'linear (MxN, K)':<30} {'shape':>18} {'ours ms':>9} {'bf16 ms':>9} {'ratio':>6} "
+          f"{'of peak':>7}", 30, 18, linear_numbers)
     for section, title in (("attention", "attention fwd+bwd (B,S,Hq,Hk,D)"), ("block", "decoder block step")):
-        sec = [r for r in rows if r["section"] == section]
-        if not sec:
-            continue
-        lines.append(f"\n{title:<34} {'shape':>22} {'ms':>8} {'TFLOP/s':>8} {'vs cuDNN':>9} {'vs XLA':>7}")
-        for r in sec:
-            if "error" in r:
-                lines.append(f"{r['name']:<34} {_fmt_shape(r['shape']):>22} FAILED: {r['error'][:200]}")
-                continue
-            vs_cudnn = f"{r['cudnn_over_this']:8.2f}x" if "cudnn_over_this" in r else f"{'-':>9}"
-            vs_xla = r.get("xla_over_this", r.get("plain_over_this"))
-            vs_xla = f"{vs_xla:6.2f}x" if vs_xla is not None else f"{'-':>7}"
-            lines.append(f"{r['name']:<34} {_fmt_shape(r['shape']):>22} {r['time_s'] * 1e3:8.2f} {r['tflops']:8.1f} "
-                         f"{vs_cudnn} {vs_xla}  {mark(r)}")
-    train = [r for r in rows if r["section"] == "train"]
-    if train:
-        lines.append(f"\n{'training step (B,S,dim,layers)':<34} {'shape':>22} {'ms':>8} {'tokens/s':>10} "
-                     f"{'vs BF16':>8}")
-        for r in train:
-            if "error" in r:
-                lines.append(f"{r['model']} {r['name']:<24} {_fmt_shape(r['shape']):>22} FAILED: {r['error'][:200]}")
-                continue
-            vs_bf16 = f"{r['bf16_over_this']:7.2f}x" if "bf16_over_this" in r else f"{'-':>8}"
-            lines.append(f"{r['model'] + ' ' + r['name']:<34} {_fmt_shape(r['shape']):>22} {r['time_s'] * 1e3:8.2f} "
-                         f"{r['tokens_per_s']:10.0f} {vs_bf16}  {mark(r)}")
+        table(section, f"{title:<34} {'shape':>22} {'ms':>8} {'TFLOP/s':>8} {'vs cuDNN':>9} {'vs XLA':>7}", 34, 22,
+              timed_numbers)
+    table("train", f"{'training step (B,S,dim,layers)':<34} {'shape':>22} {'ms':>8} {'tokens/s':>10} {'vs BF16':>8}",
+          34, 22, train_numbers, label=lambda r: f"{r['model']} {r['name']}")
     fsdp = [r for r in rows if r["section"] == "fsdp"]
     for r in fsdp:
         if "error" in r:
