@@ -112,6 +112,7 @@ def _percent(value: float | None) -> str:
 
 
 def cmd_convergence(args: argparse.Namespace) -> int:
+    import dataclasses
     from pathlib import Path
 
     from jax_aiter.examples import convergence, models
@@ -130,18 +131,16 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         return fail(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(convergence.ARMS)}")
     if len(set(arms)) != len(arms):
         return fail(f"an arm is named twice in --arms {' '.join(arms)}")
-    seeds = args.seed or [None]
-    if len(set(seeds)) != len(seeds):
-        return fail(f"a seed is named twice in --seed {' '.join(map(str, seeds))}")
+    if args.seed is not None and len(set(args.seed)) != len(args.seed):
+        return fail(f"a seed is named twice in --seed {' '.join(map(str, args.seed))}")
     overrides = {name: value for name, value in vars(args).items()
                  if name in convergence.OVERRIDES and name != "seed" and value is not None}
     try:
-        setups = [convergence.Setup.for_model(args.model, **overrides, **({} if s is None else {"seed": s}))
-                  for s in seeds]
+        setup = convergence.Setup.for_model(args.model, **overrides)
     except ValueError as err:
         return fail(str(err))
+    cfg = setup.config
     if args.lower_only:
-        setup, cfg = setups[0], setups[0].config
         count = models.parameter_count(cfg)
         for name in arms:
             lowered = convergence.lower_step(setup, convergence.ARMS[name].policy)
@@ -154,15 +153,18 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         return fail(f"--data is required for model {args.model} (the bundled sample is for cpu-tiny)")
     try:
         data_path = args.data if args.data is not None else convergence.bundled_sample()
-        loaded = [convergence.load_data(setup, data_path, kind=args.data_kind, vocab_size=args.vocab_size)
-                  for setup in setups]
+        setup, data = convergence.load_data(setup, data_path, kind=args.data_kind, vocab_size=args.vocab_size)
     except (OSError, ValueError) as err:
         return fail(str(err))
+    cfg, corpus = setup.config, data.corpus
+    # The seed changes only the weights, the data order and the rounding keys: one corpus serves every seed.
+    seeds = args.seed or [cfg.seed]
+    setups = [dataclasses.replace(setup, config=dataclasses.replace(cfg, seed=seed)) for seed in seeds]
     out = Path(args.out)
     # One seed writes into --out itself; several write one directory each (seed-<S>) and a summary over seeds.
-    outs = [out] if len(seeds) == 1 else [out / convergence.seed_directory(setup.config.seed) for setup in setups]
+    outs = [out] if len(seeds) == 1 else [out / convergence.seed_directory(seed) for seed in seeds]
     runs = []
-    for (setup, data), run_out in zip(loaded, outs, strict=True):
+    for setup, run_out in zip(setups, outs, strict=True):
         try:
             results = convergence.merge(convergence.load_results(run_out), setup, data.corpus)
         except convergence.SetupMismatch as err:
@@ -170,9 +172,7 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         if args.max_gap is not None and convergence.REFERENCE not in arms \
                 and convergence.REFERENCE not in results["arms"]:
             return fail(f"--max-gap needs the {convergence.REFERENCE} arm, in --arms or already in {run_out}")
-        runs.append((setup, data, run_out, results))
-    setup, data = loaded[0]
-    cfg, corpus = setup.config, data.corpus
+        runs.append((setup, run_out, results))
     print(f"{args.model}: {models.parameter_count(cfg) / 1e6:.1f} M parameters ({cfg.layers} layers, dim {cfg.dim}, "
           f"{cfg.heads} query / {cfg.kv_heads} KV heads, SwiGLU {cfg.mlp_dim}, vocab {cfg.vocab}); batch {cfg.batch} x "
           f"{cfg.seq_len}, {cfg.steps} steps, warm-up {setup.warmup_steps}, peak lr {cfg.learning_rate:g}")
@@ -180,7 +180,7 @@ def cmd_convergence(args: argparse.Namespace) -> int:
           f"{corpus['epoch_fraction']:.2f} epoch of its training split; held-out loss every {setup.eval_every} steps "
           f"on {setup.eval_batches} batches")
     tables = {}
-    for setup, data, run_out, results in runs:
+    for setup, run_out, results in runs:
         label = "" if len(runs) == 1 else f"seed {setup.config.seed} "
         for name in arms:
             log = convergence.open_mllog(run_out, name)
