@@ -173,18 +173,22 @@ def cmd_convergence(args: argparse.Namespace) -> int:
                 and convergence.REFERENCE not in results["arms"]:
             return fail(f"--max-gap needs the {convergence.REFERENCE} arm, in --arms or already in {run_out}")
         runs.append((setup, run_out, results))
+    if len(runs) > 1:
+        try:
+            convergence.seed_tables(out, setup, data.corpus)  # seeds of earlier calls join the summary: check them now
+        except convergence.SetupMismatch as err:
+            return fail(f"--out {out}: {err}")
     print(f"{args.model}: {models.parameter_count(cfg) / 1e6:.1f} M parameters ({cfg.layers} layers, dim {cfg.dim}, "
           f"{cfg.heads} query / {cfg.kv_heads} KV heads, SwiGLU {cfg.mlp_dim}, vocab {cfg.vocab}); batch {cfg.batch} x "
           f"{cfg.seq_len}, {cfg.steps} steps, warm-up {setup.warmup_steps}, peak lr {cfg.learning_rate:g}")
     print(f"corpus {corpus['name']} (sha256 {corpus['sha256'][:16]}…, {corpus['tokens']} tokens): "
           f"{corpus['epoch_fraction']:.2f} epoch of its training split; held-out loss every {setup.eval_every} steps "
           f"on {setup.eval_batches} batches")
-    tables = {}
     for setup, run_out, results in runs:
         label = "" if len(runs) == 1 else f"seed {setup.config.seed} "
         for name in arms:
             log = convergence.open_mllog(run_out, name)
-            if log is None and name == arms[0] and not tables:
+            if log is None and name == arms[0] and run_out == outs[0]:
                 print("mlperf-logging is not installed (pip install 'jax-aiter[convergence]'): no MLPerf log",
                       file=sys.stderr)
             record = convergence.train_arm(setup, data, name, convergence.ARMS[name],
@@ -194,7 +198,7 @@ def cmd_convergence(args: argparse.Namespace) -> int:
             except convergence.SetupMismatch as err:
                 return fail(f"arm {name}: {err}")
             written = convergence.save(results, run_out)  # after every arm, so a cut-off run keeps the finished arms
-        tables[setup.config.seed] = table = convergence.gaps(results)
+        table = convergence.gaps(results)
         print(f"\n{label or 'arm':<34} {'held-out':>9} {'gap':>9} {'train':>8} {'gap':>9} {'ms/step':>9} "
               f"{'vs bf16':>8}")
         for name, row in table.items():
@@ -210,7 +214,7 @@ def cmd_convergence(args: argparse.Namespace) -> int:
     if len(runs) == 1:
         gate = {name: row["held_out_gap"] for name, row in table.items()}
     else:
-        summary = convergence.seed_summary(tables)
+        summary = convergence.seed_summary(convergence.seed_tables(out, setup, data.corpus))
         path = convergence.save_seed_summary(summary, out)
         print(f"\n{'over seeds ' + ' '.join(map(str, summary['seeds'])):<34} {'mean gap':>9} {'std':>8} "
               f"{'std err':>8} {'min':>9} {'max':>9}")

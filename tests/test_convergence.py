@@ -117,6 +117,35 @@ def test_several_seeds_train_one_directory_each_and_gate_on_the_mean_gap(tmp_pat
     assert "mean held-out gap over seeds above 1.5 %: mxfp4" in capsys.readouterr().err
 
 
+def test_seeds_of_earlier_calls_join_the_summary_and_a_different_setup_is_refused(tmp_path, monkeypatch, capsys):
+    """A call with --seed 2 3 into an --out that holds seed-0 and seed-1 summarizes all four seeds; a seed
+    directory of another setup (here 30 steps, not 40) is refused before anything trains."""
+    held_out = {(0, "bf16"): 1.0, (0, "mxfp4"): 1.03, (1, "bf16"): 2.0, (1, "mxfp4"): 2.02,
+                (2, "bf16"): 1.0, (2, "mxfp4"): 1.0, (3, "bf16"): 1.0, (3, "mxfp4"): 1.04}
+    trained = []
+
+    def stand_in(setup, data, name, arm, **_):
+        trained.append((setup.config.seed, name))
+        loss = held_out[setup.config.seed, name]
+        return _arm([loss] * 4, [loss] * 10, init=f"seed {setup.config.seed}")
+
+    monkeypatch.setattr(convergence, "train_arm", stand_in)
+    argv = ["convergence", "--steps", "40", "--arms", "bf16", "mxfp4", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--seed", "0", "1"]) == 0
+    assert cli.main([*argv, "--seed", "2", "3"]) == 0
+    assert trained[4:] == [(2, "bf16"), (2, "mxfp4"), (3, "bf16"), (3, "mxfp4")]
+    summary = json.loads((tmp_path / "seeds.json").read_text())
+    assert summary["seeds"] == [0, 1, 2, 3]
+    np.testing.assert_allclose(summary["arms"]["mxfp4"]["held_out_gap_per_seed"], [0.03, 0.01, 0.0, 0.04],
+                               rtol=1e-12)
+    capsys.readouterr()
+    (tmp_path / "seed-x").mkdir()  # not a seed directory: ignored
+    (tmp_path / "seed-x" / "convergence.json").write_text("{}")
+    assert cli.main(["convergence", "--steps", "30", "--arms", "bf16", "--seed", "4", "5", "--out", str(tmp_path)]) == 2
+    assert "seed-0: the existing results have a different setup" in capsys.readouterr().err
+    assert len(trained) == 8
+
+
 def test_model_shapes():
     # 75m, issue 18's 74.7 M: embedding and head 2 * 256 * 768, per block q and o 2 * 768^2, k and v
     # 2 * 768 * 192, SwiGLU 3 * 768 * 2048, two norms 2 * 768; twelve blocks and the final norm 768.

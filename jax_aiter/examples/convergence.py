@@ -41,7 +41,7 @@ from jax_aiter.precision import PrecisionPolicy
 __all__ = ["ARMS", "DEFAULT_ARMS", "FINAL_EVALS", "FINAL_TRAIN_FRACTION", "GAP_DEFINITION", "OVERRIDES", "REFERENCE",
            "SEED_SUMMARY_DEFINITION", "Arm", "Data", "MlperfLog", "Setup", "SetupMismatch", "bundled_sample", "gaps",
            "load_data", "load_results", "lower_step", "make_step", "merge", "open_mllog", "save", "save_seed_summary",
-           "seed_directory", "seed_summary", "train_arm"]
+           "seed_directory", "seed_summary", "seed_tables", "train_arm"]
 
 REFERENCE = "bf16"
 FINAL_EVALS = 3
@@ -392,6 +392,23 @@ def seed_directory(seed: int) -> str:
 SEED_SUMMARY_DEFINITION = ("over seeds: each seed trains every arm from its own weights and data order, and each "
                            "arm's gap is taken to the BF16 arm of the same seed (paired); mean, sample standard "
                            "deviation, standard error of the mean (std / sqrt(seeds)), smallest and largest gap")
+
+
+def seed_tables(out_dir: Path, setup: Setup, corpus: dict) -> dict[int, dict[str, dict]]:
+    """The :func:`gaps` table of every seed directory under ``out_dir`` (``seed-<S>/convergence.json``, written by
+    this call or an earlier one), by seed. Raises :class:`SetupMismatch` when a directory's setup, its seed aside,
+    or its corpus differs from ``setup`` and ``corpus``."""
+    tables = {}
+    for path in sorted(Path(out_dir).glob("seed-*/convergence.json")):
+        seed_text = path.parent.name.removeprefix("seed-")
+        if not seed_text.isdigit() or path.parent.name != seed_directory(int(seed_text)):
+            continue  # not a directory seed_directory names (seed-01, seed-x)
+        seeded = dataclasses.replace(setup, config=dataclasses.replace(setup.config, seed=int(seed_text)))
+        try:
+            tables[int(seed_text)] = gaps(merge(load_results(path.parent), seeded, corpus))
+        except SetupMismatch as err:
+            raise SetupMismatch(f"{path.parent.name}: {err}") from None
+    return dict(sorted(tables.items()))
 
 
 def seed_summary(tables: dict[int, dict[str, dict]]) -> dict:
