@@ -335,10 +335,12 @@ def main(argv: list[str] | None = None) -> int:
                        "else the one on PATH)")
     check.add_argument("--no-disassembly", action="store_true", help="skip the kernarg-load checks")
     check.set_defaults(run=cmd_check_aiter)
+    from jax_aiter.maxtext import MODES, RECIPES  # imports neither jax nor MaxText
+
     recipe = sub.add_parser("recipe", help="resolve or run a MaxText recipe with jax-aiter's GEMMs and attention "
                             "(docs/recipes/mxfp4_llama3_8b_maxtext.md)")
-    recipe.add_argument("recipe", choices=["llama3.1-8b", "cpu-tiny"])
-    recipe.add_argument("--mode", required=True, choices=["mxfp4", "fp8", "bf16"])
+    recipe.add_argument("recipe", choices=list(RECIPES))
+    recipe.add_argument("--mode", required=True, choices=list(MODES))
     recipe.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     recipe.add_argument("--steps", type=_at_least(1), help="training steps (default: the recipe's)")
     recipe.add_argument("--data", help="training set: a Megatron .bin/.idx prefix (default: synthetic)")

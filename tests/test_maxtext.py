@@ -15,7 +15,7 @@ import types
 import numpy as np
 import pytest
 
-from jax_aiter.maxtext import MODES, resolve, run
+from jax_aiter.maxtext import MODES, RECIPES, resolve, run
 
 # --- resolution and the dry run (no MaxText, no jax) -------------------------------------------------------
 
@@ -42,29 +42,48 @@ def _dry_run(*args: str) -> str:
     return done.stdout
 
 
+# recipe -> (the parallelism line, the batch line, its model and batch arguments, its XLA_FLAGS line)
+_RECIPE_BANNERS = {
+    "llama3.1-8b": ("8 GPU devices, FSDP 8 (ici_fsdp_parallelism=8), Shardy partitioner (shardy=true)",
+                    "per device 4, global 32 sequences of 8192 tokens",
+                    {"model_name": "llama3.1-8b", "hardware": "gpu", "ici_fsdp_parallelism": "8",
+                     "per_device_batch_size": "4", "max_target_length": "8192"},
+                    "  XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true"),
+    "gpu-small": ("1 GPU device, FSDP 1 (ici_fsdp_parallelism=1), Shardy partitioner (shardy=true)",
+                  "per device 8, global 8 sequences of 1024 tokens",
+                  {"decoder_block": "llama2", "hardware": "gpu", "base_emb_dim": "512",
+                   "base_num_query_heads": "8", "base_num_kv_heads": "4", "head_dim": "64",
+                   "base_mlp_dim": "1536", "base_num_decoder_layers": "4", "vocab_size": "32000",
+                   "ici_fsdp_parallelism": "1", "per_device_batch_size": "8", "max_target_length": "1024",
+                   "steps": "60", "eval_interval": "20", "remat_policy": "full"},
+                  "  XLA_FLAGS="),
+}
+
+
+@pytest.mark.parametrize("recipe", list(_RECIPE_BANNERS))
 @pytest.mark.parametrize("mode", list(MODES))
-def test_dry_run_banner_of_each_mode(mode, tmp_path):
-    out = _dry_run("llama3.1-8b", "--mode", mode, "--out", str(tmp_path / "run"))
+def test_dry_run_banner_of_each_mode(recipe, mode, tmp_path):
+    parallelism, batch, model_arguments, xla_flags = _RECIPE_BANNERS[recipe]
+    out = _dry_run(recipe, "--mode", mode, "--out", str(tmp_path / "run"))
     lines = out.splitlines()
-    assert lines[0] == f"jax-aiter recipe llama3.1-8b --mode {mode}"
+    assert lines[0] == f"jax-aiter recipe {recipe} --mode {mode}"
     assert _BANNER_LINES[mode] in out
     assert "LM head (logits_dense) and token embedding: MaxText's own BF16 in every mode" in out
     assert "attention=jax_aiter: jax_aiter.mha.flash_attn_func" in out
-    assert "8 GPU devices, FSDP 8 (ici_fsdp_parallelism=8), Shardy partitioner (shardy=true)" in out
-    assert "per device 4, global 32 sequences of 8192 tokens" in out
+    assert f"  parallelism  {parallelism}" in lines
+    assert f"  batch        {batch}" in lines
     assert "compute bfloat16, weights float32, gradients float32, AdamW moments float32" in out
     arguments = lines[lines.index("MaxText arguments (maxtext.trainers.pre_train.train.main argv):") + 1:
                       lines.index("XLA flags:")]
     assert arguments[0].strip().endswith("configs/base.yml")
     pairs = dict(a.strip().split("=", 1) for a in arguments[1:])
-    expected = {"model_name": "llama3.1-8b", "hardware": "gpu", "ici_fsdp_parallelism": "8", "shardy": "true",
-                "per_device_batch_size": "4", "max_target_length": "8192", "dtype": "bfloat16",
-                "weight_dtype": "float32", "grad_dtype": "float32", "mu_dtype": "float32",
-                "attention": "jax_aiter", "quantization": "", "packing": "false", "opt_type": "adamw",
-                "run_name": f"llama3.1-8b-{mode}", "enable_mllog": "true",
-                "mllog_file": str(tmp_path / "run" / "mllog.txt"), "dataset_type": "synthetic"}
+    expected = {"shardy": "true", "dtype": "bfloat16", "weight_dtype": "float32", "grad_dtype": "float32",
+                "mu_dtype": "float32", "attention": "jax_aiter", "quantization": "", "packing": "false",
+                "opt_type": "adamw", "run_name": f"{recipe}-{mode}", "enable_mllog": "true",
+                "mllog_file": str(tmp_path / "run" / "mllog.txt"), "dataset_type": "synthetic",
+                **model_arguments}
     assert {k: pairs.get(k) for k in expected} == expected
-    assert "  XLA_FLAGS=--xla_gpu_enable_latency_hiding_scheduler=true" in lines
+    assert xla_flags in lines
     assert "  DECOUPLE_GCLOUD=TRUE" in lines
 
 
@@ -105,6 +124,33 @@ def test_resolve_data_overrides_and_flags(tmp_path):
 def test_resolve_rejects_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         resolve(out="unused", **kwargs)
+
+
+def test_recipe_choices_are_the_recipes():
+    done = subprocess.run([sys.executable, "-m", "jax_aiter.cli", "recipe", "gpu-large", "--mode", "bf16",
+                           "--out", "unused", "--dry-run"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    # argparse's wording: "invalid choice: 'gpu-large' (choose from ...)", the choices quoted or not by version.
+    offered = done.stderr.partition("(choose from ")[2]
+    assert "invalid choice: 'gpu-large'" in done.stderr
+    assert sorted(re.findall(r"[\w.-]+", offered)) == sorted(RECIPES)
+
+
+def test_training_process_checks_the_devices():
+    """The tests' jax: the CPU backend with the 8 virtual devices of conftest's XLA_FLAGS (or 1 without them)."""
+    import dataclasses
+
+    import jax
+
+    from jax_aiter.maxtext._train import check_devices
+
+    count = jax.device_count()
+    with pytest.raises(SystemExit, match=f"jax-aiter recipe gpu-small: needs 1 GPU device, but jax's default "
+                       f"backend here has {count} CPU device.*CUDA_VISIBLE_DEVICES"):
+        check_devices(RECIPES["gpu-small"])
+    with pytest.raises(SystemExit, match=f"needs {count + 1} CPU devices, but .* has {count} CPU"):
+        check_devices(dataclasses.replace(RECIPES["cpu-tiny"], devices=count + 1))
+    check_devices(dataclasses.replace(RECIPES["cpu-tiny"], devices=count))
 
 
 def test_run_refuses_a_used_output_directory(tmp_path):

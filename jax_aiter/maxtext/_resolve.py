@@ -137,6 +137,35 @@ RECIPES = {
         xla_flags=("--xla_force_host_platform_device_count=8",),
         eval_steps=1, eval_interval=4,
     ),
+    # A smoke run of every mode on one GPU: the same integration, runner, remat and MLPerf log as llama3.1-8b,
+    # on a model that compiles and trains in minutes. Synthetic tokens are uniform over the vocabulary, so the
+    # first loss is near ln(32000) = 10.4.
+    "gpu-small": TrainingRecipe(
+        name="gpu-small",
+        summary="a 4-layer Llama-style decoder (MaxText decoder_block=llama2, width 512) on one GPU",
+        hardware="gpu", devices=1, per_device_batch=8, seq_len=1024, default_steps=60,
+        maxtext=(
+            ("decoder_block", "llama2"),
+            ("hardware", "gpu"),
+            ("base_emb_dim", "512"),
+            ("base_num_query_heads", "8"),
+            ("base_num_kv_heads", "4"),
+            ("head_dim", "64"),
+            ("base_mlp_dim", "1536"),
+            ("base_num_decoder_layers", "4"),
+            ("vocab_size", "32000"),
+            ("enable_dropout", "false"),
+            *_common(1, 8, 1024),
+            ("remat_policy", "full"),
+            ("learning_rate", "0.001"),
+            ("warmup_steps_fraction", "0.1"),
+            ("learning_rate_final_fraction", "0.1"),
+            ("log_period", "10"),
+        ),
+        # One device: no collectives to schedule around, and no virtual host devices.
+        xla_flags=(),
+        eval_steps=4, eval_interval=20,
+    ),
 }
 
 
@@ -202,8 +231,8 @@ class RecipeRun:
             f"               {_HEAD}",
             f"  attention    attention={ATTENTION_KERNEL}: jax_aiter.mha.flash_attn_func, causal over each row "
             "(cuDNN on NVIDIA, AITER on ROCm, the reference on the CPU)",
-            f"  parallelism  {r.devices} {r.hardware.upper()} devices, FSDP {r.devices} "
-            f"(ici_fsdp_parallelism={r.devices}), Shardy partitioner (shardy=true)",
+            f"  parallelism  {r.devices} {r.hardware.upper()} device{'s' if r.devices > 1 else ''}, "
+            f"FSDP {r.devices} (ici_fsdp_parallelism={r.devices}), Shardy partitioner (shardy=true)",
             f"  batch        per device {r.per_device_batch}, global {global_batch} sequences of {r.seq_len} tokens",
             "  dtypes       compute bfloat16, weights float32, gradients float32, AdamW moments float32",
             f"  data         {data}",

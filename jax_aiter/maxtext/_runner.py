@@ -3,10 +3,12 @@
 A run refuses an output directory that exists and is not empty, writes the banner (``banner.txt``), the resolved
 run (``resolved.json``) and the versions and commits of everything it runs with (``versions.json``), then trains
 in a child process (``python -m jax_aiter.maxtext._train``) started with the run's XLA flags and environment,
-whose output goes to the terminal and to ``train.log``. MaxText writes the MLPerf log ``mllog.txt``, whose
-``tracked_stats`` events carry each step's training loss. (MaxText 0.2.5's ``metrics_file`` is not used: its
-writer empties the file whenever an evaluation's first step is written.) A failed run (an OOM included) is not
-retried: its directory keeps the banner and the logs, and the next attempt takes a fresh ``--out``.
+whose output goes to the terminal and to ``train.log``; the child first checks that jax sees the recipe's number
+of devices of the recipe's hardware, and exits with a message (status 1) if not. MaxText writes the MLPerf log
+``mllog.txt``, whose ``tracked_stats`` events carry each step's training loss. (MaxText 0.2.5's ``metrics_file``
+is not used: its writer empties the file whenever an evaluation's first step is written.) A failed run (an OOM
+included) is not retried: its directory keeps the banner and the logs, and the next attempt takes a fresh
+``--out``.
 """
 
 from __future__ import annotations
