@@ -76,6 +76,14 @@ def assert_fp8_close(got, exact, magnitude, terms, dtype):
     assert np.all(excess <= 0), f"worst excess {np.max(excess)} at {np.unravel_index(np.argmax(excess), excess.shape)}"
 
 
+@pytest.fixture(autouse=True)
+def on_the_cpu():
+    """The oracle's bounds are those of the CPU reference (exact float8 values, a float32 dot): every test here
+    computes on the CPU, also on a machine whose default device is a GPU (docs/fp8.md, "What runs where")."""
+    with jax.default_device(jax.devices("cpu")[0]):
+        yield
+
+
 def random(seed, shape, dtype, scale=1.0):
     return (scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)).astype(dtype)
 
@@ -287,7 +295,8 @@ LAYOUTS = {
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_fsdp_equals_unsharded(layout):
     shape, names, act_spec, weight_spec = LAYOUTS[layout]
-    mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape))
+    mesh = jax.make_mesh(shape, names, axis_types=(AxisType.Auto,) * len(shape),
+                         devices=jax.devices("cpu")[:math.prod(shape)])
     act, weight = NamedSharding(mesh, act_spec), NamedSharding(mesh, weight_spec)
     a, b, dy = random(15, (8, 16, 64), jnp.bfloat16), random(16, (64, 64), jnp.bfloat16, 0.1), \
         random(17, (8, 16, 64), jnp.bfloat16)
