@@ -76,14 +76,6 @@ def assert_fp8_close(got, exact, magnitude, terms, dtype):
     assert np.all(excess <= 0), f"worst excess {np.max(excess)} at {np.unravel_index(np.argmax(excess), excess.shape)}"
 
 
-@pytest.fixture(autouse=True)
-def on_the_cpu():
-    """The oracle's bounds are those of the CPU reference (exact float8 values, a float32 dot): every test here
-    computes on the CPU, also on a machine whose default device is a GPU (docs/fp8.md, "What runs where")."""
-    with jax.default_device(jax.devices("cpu")[0]):
-        yield
-
-
 def random(seed, shape, dtype, scale=1.0):
     return (scale * jax.random.normal(jax.random.key(seed), shape, jnp.float32)).astype(dtype)
 
