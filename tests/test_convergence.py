@@ -90,11 +90,9 @@ def test_seed_summary_is_the_paired_mean_and_spread():
         convergence.seed_summary({0: tables[0]})
 
 
-def test_several_seeds_train_one_directory_each_and_gate_on_the_mean_gap(tmp_path, monkeypatch, capsys):
-    """With --seed 0 1 every arm trains once per seed (here a stand-in for training that returns fixed losses):
-    BF16 1.0 / 2.0, MXFP4 +3 % / +1 % — a mean gap of 2 %, which a 2.5 % gate passes though seed 0 alone would
-    not, and a 1.5 % gate fails."""
-    held_out = {(0, "bf16"): 1.0, (0, "mxfp4"): 1.03, (1, "bf16"): 2.0, (1, "mxfp4"): 2.02}
+def _stand_in_training(monkeypatch, held_out: dict) -> list:
+    """Replace training by fixed losses: arm ``name`` of seed S returns held_out[S, name] for every evaluation and
+    step. Returns the list that records each (seed, arm) trained, in order."""
     trained = []
 
     def stand_in(setup, data, name, arm, **_):
@@ -103,6 +101,15 @@ def test_several_seeds_train_one_directory_each_and_gate_on_the_mean_gap(tmp_pat
         return _arm([loss] * 4, [loss] * 10, init=f"seed {setup.config.seed}")
 
     monkeypatch.setattr(convergence, "train_arm", stand_in)
+    return trained
+
+
+def test_several_seeds_train_one_directory_each_and_gate_on_the_mean_gap(tmp_path, monkeypatch, capsys):
+    """With --seed 0 1 every arm trains once per seed (here a stand-in for training that returns fixed losses):
+    BF16 1.0 / 2.0, MXFP4 +3 % / +1 % — a mean gap of 2 %, which a 2.5 % gate passes though seed 0 alone would
+    not, and a 1.5 % gate fails."""
+    held_out = {(0, "bf16"): 1.0, (0, "mxfp4"): 1.03, (1, "bf16"): 2.0, (1, "mxfp4"): 2.02}
+    trained = _stand_in_training(monkeypatch, held_out)
     argv = ["convergence", "--steps", "40", "--seed", "0", "1", "--arms", "bf16", "mxfp4", "--out", str(tmp_path)]
     assert cli.main([*argv, "--max-gap", "2.5"]) == 0
     assert trained == [(0, "bf16"), (0, "mxfp4"), (1, "bf16"), (1, "mxfp4")]
@@ -122,14 +129,7 @@ def test_seeds_of_earlier_calls_join_the_summary_and_a_different_setup_is_refuse
     directory of another setup (here 30 steps, not 40) is refused before anything trains."""
     held_out = {(0, "bf16"): 1.0, (0, "mxfp4"): 1.03, (1, "bf16"): 2.0, (1, "mxfp4"): 2.02,
                 (2, "bf16"): 1.0, (2, "mxfp4"): 1.0, (3, "bf16"): 1.0, (3, "mxfp4"): 1.04}
-    trained = []
-
-    def stand_in(setup, data, name, arm, **_):
-        trained.append((setup.config.seed, name))
-        loss = held_out[setup.config.seed, name]
-        return _arm([loss] * 4, [loss] * 10, init=f"seed {setup.config.seed}")
-
-    monkeypatch.setattr(convergence, "train_arm", stand_in)
+    trained = _stand_in_training(monkeypatch, held_out)
     argv = ["convergence", "--steps", "40", "--arms", "bf16", "mxfp4", "--out", str(tmp_path)]
     assert cli.main([*argv, "--seed", "0", "1"]) == 0
     assert cli.main([*argv, "--seed", "2", "3"]) == 0

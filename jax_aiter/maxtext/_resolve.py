@@ -92,6 +92,31 @@ def _common(recipe_devices: int, per_device_batch: int, seq_len: int) -> tuple[t
     )
 
 
+def _small_llama(hardware: str, devices: int, per_device_batch: int, seq_len: int, *, width: int, heads: int,
+                 kv_heads: int, mlp: int, layers: int, vocab: int, learning_rate: str, log_period: int
+                 ) -> tuple[tuple[str, str], ...]:
+    """The MaxText overrides of a small Llama-style test decoder (decoder_block=llama2, heads of 64, no dropout,
+    full remat, 10 % warm-up, cosine to a tenth of the peak learning rate)."""
+    return (
+        ("decoder_block", "llama2"),
+        ("hardware", hardware),
+        ("base_emb_dim", str(width)),
+        ("base_num_query_heads", str(heads)),
+        ("base_num_kv_heads", str(kv_heads)),
+        ("head_dim", "64"),
+        ("base_mlp_dim", str(mlp)),
+        ("base_num_decoder_layers", str(layers)),
+        ("vocab_size", str(vocab)),
+        ("enable_dropout", "false"),
+        *_common(devices, per_device_batch, seq_len),
+        ("remat_policy", "full"),
+        ("learning_rate", learning_rate),
+        ("warmup_steps_fraction", "0.1"),
+        ("learning_rate_final_fraction", "0.1"),
+        ("log_period", str(log_period)),
+    )
+
+
 RECIPES = {
     "llama3.1-8b": TrainingRecipe(
         name="llama3.1-8b",
@@ -116,24 +141,8 @@ RECIPES = {
         name="cpu-tiny",
         summary="a 2-layer Llama-style decoder (MaxText decoder_block=llama2, width 256) on 8 virtual CPU devices",
         hardware="cpu", devices=8, per_device_batch=1, seq_len=64, default_steps=12,
-        maxtext=(
-            ("decoder_block", "llama2"),
-            ("hardware", "cpu"),
-            ("base_emb_dim", "256"),
-            ("base_num_query_heads", "4"),
-            ("base_num_kv_heads", "2"),
-            ("head_dim", "64"),
-            ("base_mlp_dim", "512"),
-            ("base_num_decoder_layers", "2"),
-            ("vocab_size", "384"),
-            ("enable_dropout", "false"),
-            *_common(8, 1, 64),
-            ("remat_policy", "full"),
-            ("learning_rate", "0.003"),
-            ("warmup_steps_fraction", "0.1"),
-            ("learning_rate_final_fraction", "0.1"),
-            ("log_period", "1"),
-        ),
+        maxtext=_small_llama("cpu", 8, 1, 64, width=256, heads=4, kv_heads=2, mlp=512, layers=2, vocab=384,
+                             learning_rate="0.003", log_period=1),
         xla_flags=("--xla_force_host_platform_device_count=8",),
         eval_steps=1, eval_interval=4,
     ),
@@ -144,24 +153,8 @@ RECIPES = {
         name="gpu-small",
         summary="a 4-layer Llama-style decoder (MaxText decoder_block=llama2, width 512) on one GPU",
         hardware="gpu", devices=1, per_device_batch=8, seq_len=1024, default_steps=60,
-        maxtext=(
-            ("decoder_block", "llama2"),
-            ("hardware", "gpu"),
-            ("base_emb_dim", "512"),
-            ("base_num_query_heads", "8"),
-            ("base_num_kv_heads", "4"),
-            ("head_dim", "64"),
-            ("base_mlp_dim", "1536"),
-            ("base_num_decoder_layers", "4"),
-            ("vocab_size", "32000"),
-            ("enable_dropout", "false"),
-            *_common(1, 8, 1024),
-            ("remat_policy", "full"),
-            ("learning_rate", "0.001"),
-            ("warmup_steps_fraction", "0.1"),
-            ("learning_rate_final_fraction", "0.1"),
-            ("log_period", "10"),
-        ),
+        maxtext=_small_llama("gpu", 1, 8, 1024, width=512, heads=8, kv_heads=4, mlp=1536, layers=4, vocab=32000,
+                             learning_rate="0.001", log_period=10),
         # One device: no collectives to schedule around, and no virtual host devices.
         xla_flags=(),
         eval_steps=4, eval_interval=20,
