@@ -122,8 +122,9 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         return 2
 
     if args.list_arms:
+        width = max(map(len, convergence.ARMS))
         for name, arm in convergence.ARMS.items():
-            print(f"{name:<34} {arm.description}")
+            print(f"{name:<{width}}  {arm.description}")
         return 0
     arms = args.arms or list(convergence.DEFAULT_ARMS)
     unknown = [name for name in arms if name not in convergence.ARMS]

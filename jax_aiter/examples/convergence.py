@@ -57,6 +57,7 @@ class Arm:
 
 
 _SR_GRAD = Mxfp4Recipe(gradient_stochastic=True)
+_SIGNED = Mxfp4Recipe(hadamard_seed=0)
 ARMS = {
     REFERENCE: Arm(PrecisionPolicy.bf16(), "every projection BF16 (the reference)"),
     "fp8": Arm(PrecisionPolicy.fp8(), "FP8 current scaling (E4M3 forward, E5M2 gradients) on the blocks, LM head "
@@ -74,7 +75,7 @@ ARMS = {
     "mxfp4-gradient-hadamard-sr-grad": Arm(
         PrecisionPolicy.mxfp4(Mxfp4Recipe(dgrad_hadamard=16, gradient_stochastic=True)),
         "paired Hadamard 16 on dgrad and wgrad + stochastic rounding of the gradient"),
-    "mxfp4-signed-hadamard": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(hadamard_seed=0)),
+    "mxfp4-signed-hadamard": Arm(PrecisionPolicy.mxfp4(_SIGNED),
                                  "default with keyed random-sign Hadamard (hadamard_seed=0)"),
     "mxfp4-wgrad-h32": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(wgrad_hadamard=32)), "paired Hadamard 32 on wgrad"),
     "mxfp4-fprop-hadamard": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(fprop_hadamard=16)),
@@ -85,8 +86,17 @@ ARMS = {
     "mxfp4-bf16-last2": Arm(PrecisionPolicy.mxfp4(bf16_last_blocks=2), "default, the last 2 blocks BF16"),
     "mxfp4-bf16-first1-last1": Arm(PrecisionPolicy.mxfp4(bf16_first_blocks=1, bf16_last_blocks=1),
                                    "default, the first and the last block BF16"),
-    "mxfp4-signed-hadamard-bf16-last2": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(hadamard_seed=0), bf16_last_blocks=2),
+    "mxfp4-signed-hadamard-bf16-last2": Arm(PrecisionPolicy.mxfp4(_SIGNED, bf16_last_blocks=2),
                                             "keyed random-sign Hadamard (hadamard_seed=0), the last 2 blocks BF16"),
+    "mxfp4-signed-hadamard-bf16-first1-last2": Arm(
+        PrecisionPolicy.mxfp4(_SIGNED, bf16_first_blocks=1, bf16_last_blocks=2),
+        "keyed random-sign Hadamard (hadamard_seed=0), the first block and the last 2 blocks BF16"),
+    "mxfp4-signed-hadamard-bf16-last4": Arm(PrecisionPolicy.mxfp4(_SIGNED, bf16_last_blocks=4),
+                                            "keyed random-sign Hadamard (hadamard_seed=0), the last 4 blocks BF16"),
+    "mxfp4-signed-hadamard-scale-ceil-bf16-last2": Arm(
+        PrecisionPolicy.mxfp4(dataclasses.replace(_SIGNED, activation_scale_rule="ceil", weight_scale_rule="ceil",
+                                                  gradient_scale_rule="ceil"), bf16_last_blocks=2),
+        "keyed random-sign Hadamard (hadamard_seed=0), the 'ceil' scale rule for every role, the last 2 blocks BF16"),
 }
 DEFAULT_ARMS = (REFERENCE, "fp8", "mxfp4", "mxfp4-all")
 
