@@ -52,8 +52,28 @@ OVERRIDES = ("steps", "batch", "seq_len", "learning_rate", "seed", "warmup_steps
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
+    """A precision policy to train with; optionally a second one, ``final_policy``, for the last
+    ``final_fraction`` of the steps (a closing phase in a wider format, as in FP4 work that ends training in
+    higher precision). The held-out loss after a step is measured under the policy that trained that step."""
+
     policy: PrecisionPolicy
     description: str
+    final_policy: PrecisionPolicy | None = None
+    final_fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.final_policy is None:
+            if self.final_fraction != 0.0:
+                raise ValueError(f"final_fraction must be 0 without a final_policy, got {self.final_fraction}")
+            return
+        if not isinstance(self.final_policy, PrecisionPolicy):
+            raise TypeError(f"final_policy must be a PrecisionPolicy or None, got {type(self.final_policy).__name__}")
+        if not 0.0 < self.final_fraction < 1.0:
+            raise ValueError(f"final_fraction must be in (0, 1) with a final_policy, got {self.final_fraction}")
+
+    def final_from(self, steps: int) -> int:
+        """The first (0-based) of ``steps`` steps trained under ``final_policy``; ``steps`` when there is none."""
+        return steps - round(steps * self.final_fraction)
 
 
 _SR_GRAD = Mxfp4Recipe(gradient_stochastic=True)
@@ -97,6 +117,10 @@ ARMS = {
         PrecisionPolicy.mxfp4(dataclasses.replace(_SIGNED, activation_scale_rule="ceil", weight_scale_rule="ceil",
                                                   gradient_scale_rule="ceil"), bf16_last_blocks=2),
         "keyed random-sign Hadamard (hadamard_seed=0), the 'ceil' scale rule for every role, the last 2 blocks BF16"),
+    "mxfp4-then-fp8": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then FP8 current scaling for the last 10 % "
+                          "of the steps", final_policy=PrecisionPolicy.fp8(), final_fraction=0.1),
+    "mxfp4-then-bf16": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then BF16 for the last 10 % of the steps",
+                           final_policy=PrecisionPolicy.bf16(), final_fraction=0.1),
 }
 DEFAULT_ARMS = (REFERENCE, "fp8", "mxfp4", "mxfp4-all")
 
@@ -212,6 +236,10 @@ def _text_loss(params, tokens, cfg, policy, key):
     return jnp.mean(tiny_llama.cross_entropy(logits, tokens[:, 1:]))
 
 
+def _eval_loss(params, tokens, *, cfg, policy):
+    return _text_loss(params, tokens, cfg, policy, jax.random.key(0))
+
+
 def _clip_by_global_norm(grads, max_norm: float):
     norm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in jax.tree.leaves(grads)))
     factor = jnp.minimum(1.0, max_norm / (norm + 1e-6))
@@ -255,13 +283,16 @@ def train_arm(setup: Setup, data: Data, name: str, arm: Arm, *,
     params = tiny_llama.init_params(cfg, base_key)
     init_sha256 = _sha256(jax.tree.leaves(jax.device_get(params)))
     opt_state = tiny_llama.adam_init(params)
-    step_fn = jax.jit(make_step(setup, policy, jax.random.fold_in(base_key, 1)), donate_argnums=(0, 1))
-    eval_fn = jax.jit(lambda params, tokens: _text_loss(params, tokens, cfg, policy, jax.random.key(0)))
+    final_from = arm.final_from(cfg.steps)
+    phases = [policy] if arm.final_policy is None else [policy, arm.final_policy]
+    step_fns = [jax.jit(make_step(setup, p, jax.random.fold_in(base_key, 1)), donate_argnums=(0, 1)) for p in phases]
+    eval_fns = [jax.jit(functools.partial(_eval_loss, cfg=cfg, policy=p)) for p in phases]
     held_out = [jnp.asarray(b) for b in data.held_out]
 
     def evaluate(step: int) -> float:
         if log:
             log.start("eval_start", step)
+        eval_fn = eval_fns[int(step > final_from)]  # the policy of the step just trained
         value = statistics.fmean(float(eval_fn(params, b)) for b in held_out)
         if log:
             log.end("eval_stop", step)
@@ -280,8 +311,10 @@ def train_arm(setup: Setup, data: Data, name: str, arm: Arm, *,
     batches = text_data.train_batches(data.train, cfg.batch, cfg.seq_len, cfg.seed)
     for step, batch in enumerate(itertools.islice(batches, cfg.steps)):
         data_digest.update(np.ascontiguousarray(batch).tobytes())
+        if log and step == final_from:
+            log.event("precision_policy", _policy_json(arm.final_policy), step)
         t0 = time.perf_counter()
-        params, opt_state, loss = step_fn(params, opt_state, jnp.asarray(batch))
+        params, opt_state, loss = step_fns[int(step >= final_from)](params, opt_state, jnp.asarray(batch))
         train_loss.append(float(loss))  # waits for the step: the time below is the step's
         seconds.append(time.perf_counter() - t0)
         done = step + 1
@@ -293,11 +326,15 @@ def train_arm(setup: Setup, data: Data, name: str, arm: Arm, *,
     return {
         "description": arm.description,
         "policy": _policy_json(policy),
+        **({} if arm.final_policy is None else
+           {"final_policy": _policy_json(arm.final_policy), "final_from_step": final_from}),
         "train_loss": train_loss,
         "eval_steps": eval_steps,
         "held_out_loss": held_out_loss,
-        # The first step compiles; the median of the others is the step time.
-        "step_time_ms": 1e3 * statistics.median(seconds[1:] or seconds),
+        # The first step of a phase compiles; the median of the others is the step time.
+        "step_time_ms": 1e3 * statistics.median(seconds[1:final_from] or seconds[:1]),
+        **({} if arm.final_policy is None else
+           {"final_step_time_ms": 1e3 * statistics.median(seconds[final_from + 1:] or seconds[final_from:])}),
         "first_step_s": seconds[0],
         "wall_s": time.perf_counter() - start,
         "device": jax.devices()[0].device_kind,
