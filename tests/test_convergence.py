@@ -2,10 +2,12 @@
 benchmark itself on the bundled real-text sample with cpu-tiny: the default MXFP4 policy passes the gate, a
 deliberately broken recipe fails it, every arm starts from the same weights and data, the MLPerf log parses."""
 
+import functools
 import hashlib
 import itertools
 import json
 import math
+import re
 import shutil
 
 import jax
@@ -195,6 +197,55 @@ def test_convergence_refuses_an_out_directory_of_another_setup(tmp_path, capsys,
     monkeypatch.setattr(convergence, "train_arm", lambda *a, **k: pytest.fail("trained into a foreign --out"))
     assert cli.main(["convergence", "--steps", "200", "--out", str(tmp_path)]) == 2
     assert "different setup (differs in: config" in capsys.readouterr().err
+
+
+def test_a_closing_phase_trains_its_last_steps_and_is_evaluated_under_its_own_policy():
+    setup, data = convergence.load_data(convergence.Setup.for_model("cpu-tiny", steps=10, eval_every=5),
+                                        convergence.bundled_sample())
+    first, final = precision.PrecisionPolicy.bf16(), precision.PrecisionPolicy.fp8()
+    arm = convergence.Arm(first, "bf16, then fp8 for the last 3 steps", final_policy=final, final_fraction=0.3)
+    record = convergence.train_arm(setup, data, "closing", arm)
+
+    # The schedule by hand: steps 0-6 under the first policy, 7-9 under the final one.
+    cfg = setup.config
+    key = jax.random.key(cfg.seed)
+    params = tiny_llama.init_params(cfg, key)
+    opt_state = tiny_llama.adam_init(params)
+    steps = {p: jax.jit(convergence.make_step(setup, p, jax.random.fold_in(key, 1))) for p in (first, final)}
+
+    def loss(params, tokens, policy):
+        return jnp.mean(tiny_llama.cross_entropy(tiny_llama.forward(params, tokens[:, :-1], cfg, policy),
+                                                 tokens[:, 1:]))
+
+    losses = {p: jax.jit(functools.partial(loss, policy=p)) for p in (first, final)}
+
+    def held_out(policy):
+        return float(np.mean([float(losses[policy](params, jnp.asarray(b))) for b in data.held_out]))
+
+    expected_train, expected_held = [], [held_out(first)]
+    batches = text_data.train_batches(data.train, cfg.batch, cfg.seq_len, cfg.seed)
+    for step, batch in enumerate(itertools.islice(batches, cfg.steps)):
+        policy = first if step < 7 else final
+        params, opt_state, loss = steps[policy](params, opt_state, jnp.asarray(batch))
+        expected_train.append(float(loss))
+        if step + 1 in (5, 10):
+            expected_held.append(held_out(policy))
+
+    assert record["final_from_step"] == 7 and record["final_policy"]["linear"]["type"] == "Fp8Recipe"
+    assert record["eval_steps"] == [0, 5, 10]
+    np.testing.assert_allclose(record["train_loss"], expected_train, rtol=1e-6)
+    np.testing.assert_allclose(record["held_out_loss"], expected_held, rtol=1e-6)
+    assert record["final_step_time_ms"] > 0
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    (dict(final_fraction=0.1), "final_fraction must be 0 without a final_policy"),
+    (dict(final_policy=precision.PrecisionPolicy.bf16(), final_fraction=1.0), "final_fraction must be in (0, 1)"),
+    (dict(final_policy="bf16", final_fraction=0.1), "final_policy must be a PrecisionPolicy"),
+])
+def test_arm_rejects_a_closing_phase_it_cannot_run(kwargs, error):
+    with pytest.raises((ValueError, TypeError), match=re.escape(error)):
+        convergence.Arm(precision.PrecisionPolicy.mxfp4(), "x", **kwargs)
 
 
 def test_list_arms(capsys):
