@@ -141,6 +141,11 @@ def cmd_convergence(args: argparse.Namespace) -> int:
     except ValueError as err:
         return fail(str(err))
     cfg = setup.config
+    for name in arms:
+        try:
+            convergence.ARMS[name].final_from(cfg.steps)
+        except ValueError as err:
+            return fail(f"arm {name}: {err}")
     if args.lower_only:
         count = models.parameter_count(cfg)
         for name in arms:

@@ -182,6 +182,7 @@ def test_llama_8b_shape_lowers_with_the_default_mxfp4_policy():
     (["--model", "llama3.1-8b", "--data", "x"], "is a shape to lower (--lower-only)"),
     (["--steps", "100000"], "the benchmark stays under one"),
     (["--data", "{tmp}/missing.txt"], "no such file"),
+    (["--steps", "4", "--arms", "bf16", "mxfp4-then-fp8"], "arm mxfp4-then-fp8: final_fraction 0.1 of 4 steps leaves"),
 ])
 def test_convergence_rejects_bad_arguments_before_training(argv, message, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(convergence, "train_arm", lambda *a, **k: pytest.fail("trained despite a bad argument"))

@@ -72,8 +72,12 @@ class Arm:
             raise ValueError(f"final_fraction must be in (0, 1) with a final_policy, got {self.final_fraction}")
 
     def final_from(self, steps: int) -> int:
-        """The first (0-based) of ``steps`` steps trained under ``final_policy``; ``steps`` when there is none."""
-        return steps - round(steps * self.final_fraction)
+        """The first (0-based) of ``steps`` steps trained under ``final_policy``; ``steps`` when there is none.
+        Raises ValueError when ``final_fraction`` of ``steps`` leaves one of the two phases without a step."""
+        first = steps - round(steps * self.final_fraction)
+        if self.final_policy is not None and not 0 < first < steps:
+            raise ValueError(f"final_fraction {self.final_fraction} of {steps} steps leaves a phase without steps")
+        return first
 
 
 _SR_GRAD = Mxfp4Recipe(gradient_stochastic=True)
