@@ -214,14 +214,14 @@ def test_a_closing_phase_trains_its_last_steps_and_is_evaluated_under_its_own_po
     opt_state = tiny_llama.adam_init(params)
     steps = {p: jax.jit(convergence.make_step(setup, p, jax.random.fold_in(key, 1))) for p in (first, final)}
 
-    def loss(params, tokens, policy):
+    def text_loss(params, tokens, policy):
         return jnp.mean(tiny_llama.cross_entropy(tiny_llama.forward(params, tokens[:, :-1], cfg, policy),
                                                  tokens[:, 1:]))
 
-    losses = {p: jax.jit(functools.partial(loss, policy=p)) for p in (first, final)}
+    eval_losses = {p: jax.jit(functools.partial(text_loss, policy=p)) for p in (first, final)}
 
     def held_out(policy):
-        return float(np.mean([float(losses[policy](params, jnp.asarray(b))) for b in data.held_out]))
+        return float(np.mean([float(eval_losses[policy](params, jnp.asarray(b))) for b in data.held_out]))
 
     expected_train, expected_held = [], [held_out(first)]
     batches = text_data.train_batches(data.train, cfg.batch, cfg.seq_len, cfg.seed)
