@@ -155,7 +155,8 @@ class Mxfp4Linear(Linear):
         size = recipe.hadamard("fprop")
         signs = recipe.hadamard_seed if size else None
         weight_quantizer = MXFP4Quantizer(rowwise_layout="gemm_b", scale_rule=recipe.scale_rule("weight"),
-                                          rowwise_hadamard=size, hadamard_seed=signs)
+                                          rowwise_hadamard=size, hadamard_seed=signs,
+                                          tile_scaling=recipe.weight_tile_scaling)
         w_copy = self.workspace.get_or_quantize(weight, weight_quantizer).rowwise
         rows = x.reshape(-1, x.shape[-1])
         sr_key = None

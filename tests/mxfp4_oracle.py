@@ -142,6 +142,26 @@ def quantize_codes(x, rule, sr_key=None, transposed=False):
     return code.reshape(rows, cols).astype(np.uint8), scales.astype(np.uint8)
 
 
+def quantize_tiles(x, rule, sr_key=None):
+    """float64 values of [R, C] float32 values quantized with one scale per 32 x 32 tile (docs/mxfp4.md, "Weight
+    tiles"): NaN for a tile holding a non-finite value."""
+    x = np.asarray(x, np.float32).astype(np.float64)
+    rows, cols = x.shape
+    tiles = x.reshape(rows // 32, 32, cols // 32, 32)
+    finite = np.all(np.isfinite(tiles), axis=(1, 3), keepdims=True)
+    amax = np.max(np.abs(np.where(np.isfinite(tiles), tiles, 0.0)), axis=(1, 3), keepdims=True)
+    scale = np.broadcast_to(np.exp2(scale_exponent(amax, rule).astype(np.float64)), tiles.shape).reshape(rows, cols)
+    v = np.abs(x) / scale
+    v = np.where(np.isfinite(v), v, 0.0)
+    if sr_key is None:
+        code = _nearest_code(v)
+    else:
+        i, j = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        code = _stochastic_code(v, sr_hash(sr_key, i, j, ROWWISE_STREAM))
+    values = np.where(np.signbit(x), -1.0, 1.0) * E2M1[code] * scale
+    return np.where(np.broadcast_to(finite, tiles.shape).reshape(rows, cols), values, np.nan)
+
+
 def pack(codes):
     codes = np.asarray(codes, np.uint8)
     return (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)

@@ -16,6 +16,7 @@ from jax.sharding import PartitionSpec as P
 
 import _devices
 import _oracle
+import mxfp4_oracle as oracle
 from jax_aiter._partition import mesh_axes_of_dims
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, cast_mxfp4, dequantize_mxfp4, gemm_fp4_bf16
@@ -197,6 +198,40 @@ def test_fp4_quantized_copies_are_bit_identical(layout):
     assert_summation_order_close(got[0], want[0], *fp4_operands("fprop", a, b, None))
     for g, w in zip(got[1:], want[1:]):
         np.testing.assert_array_equal(g, w)
+
+
+# Tile-scaled weights, rounded stochastically: each device rounds its own whole 32 x 32 tiles at global indices.
+TILE_RECIPE = Mxfp4Recipe(weight_tile_scaling=True, weight_stochastic=True, hadamard_seed=0x1234_5678_9ABC)
+
+
+@pytest.mark.parametrize("layout", ["fsdp", "tokens_on_data_weight_k_on_fsdp"])
+def test_fp4_tile_scaled_weight_sharded_is_the_unsharded_tiles(layout):
+    """The training forward's copies of W are the oracle's tile quantization of the whole weight, byte for byte
+    against one device, whether each device quantizes its shard or not; the inference forward (its own
+    partitioning rule, tiles whole in N as well as K) gives the product of the same tiles."""
+    shape, names, tokens, weight_spec = FP4_LAYOUTS[layout]
+    mesh = make_mesh(shape, names)
+    a, b, _ = fp4_inputs()
+    x = a.reshape(M, K)
+    in_shardings = (NamedSharding(mesh, P(tokens, None)), NamedSharding(mesh, weight_spec))
+
+    def fprop(x, b):
+        return _linear._FPROP_TRAIN((TILE_RECIPE, True), x, b, jnp.asarray(KEY))
+
+    got, want = jax.jit(fprop, in_shardings=in_shardings)(x, b), unsharded(fprop, x, b)
+    for g, w in zip(got[1:], want[1:]):
+        np.testing.assert_array_equal(g, w)
+    weight_key = tuple(int(v) for v in role_sr_key(jnp.asarray(KEY), "weight"))
+    tiles = oracle.quantize_tiles(_oracle.f64(b).astype(np.float32), "even", weight_key)
+    with jax.default_device(DEVICES[0]):
+        np.testing.assert_array_equal(_oracle.f64(dequantize_mxfp4(got[3], got[4])), tiles.T)
+
+    def forward(a, b):
+        return gemm_fp4_bf16(a, b, TILE_RECIPE, key=KEY)
+
+    y = jax.jit(forward, in_shardings=in_shardings)(x, b)
+    x_rows = oracle.dequantize(*oracle.quantize(_oracle.f64(x).astype(np.float32), "even"))
+    assert_summation_order_close(y, unsharded(forward, x, b), x_rows, tiles)
 
 
 def test_fp4_inference_gathers_only_fp4_weight_bytes():

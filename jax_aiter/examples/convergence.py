@@ -107,6 +107,8 @@ ARMS = {
     "mxfp4-scale-ceil": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(activation_scale_rule="ceil", weight_scale_rule="ceil",
                                                               gradient_scale_rule="ceil")),
                             "default with the never-saturating 'ceil' scale rule for every role"),
+    "mxfp4-weight-tiles": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(weight_tile_scaling=True)),
+                              "default with one scale per 32 x 32 weight tile (fprop and dgrad share the weight)"),
     "mxfp4-bf16-last2": Arm(PrecisionPolicy.mxfp4(bf16_last_blocks=2), "default, the last 2 blocks BF16"),
     "mxfp4-bf16-first1-last1": Arm(PrecisionPolicy.mxfp4(bf16_first_blocks=1, bf16_last_blocks=1),
                                    "default, the first and the last block BF16"),
@@ -123,6 +125,12 @@ ARMS = {
         "keyed random-sign Hadamard (hadamard_seed=0), the 'ceil' scale rule for every role, the last 2 blocks BF16"),
     "mxfp4-then-fp8": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then FP8 current scaling for the last 10 % "
                           "of the steps", final_policy=PrecisionPolicy.fp8(), final_fraction=0.1),
+    "mxfp4-then-fp8-last25": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then FP8 current scaling for the "
+                                 "last 25 % of the steps", final_policy=PrecisionPolicy.fp8(), final_fraction=0.25),
+    "mxfp4-signed-hadamard-bf16-last2-then-fp8-last25": Arm(
+        PrecisionPolicy.mxfp4(_SIGNED, bf16_last_blocks=2), "keyed random-sign Hadamard (hadamard_seed=0), the last 2 "
+        "blocks BF16, then FP8 current scaling for the last 25 % of the steps", final_policy=PrecisionPolicy.fp8(),
+        final_fraction=0.25),
     "mxfp4-then-bf16": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then BF16 for the last 10 % of the steps",
                            final_policy=PrecisionPolicy.bf16(), final_fraction=0.1),
 }

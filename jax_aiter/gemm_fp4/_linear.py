@@ -33,6 +33,7 @@ from jax_aiter.gemm_fp4._gemm import gemm_fp4
 from jax_aiter.gemm_fp4._layout import shuffle_fp4, shuffle_scales
 from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
 from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer
+from jax_aiter.ref import mxfp4 as ref
 
 __all__ = ["ACTIVATION_COPY_NAME", "CHECKPOINT_NAMES", "WEIGHT_COPY_NAME", "gemm_fp4_bf16", "role_sr_key"]
 
@@ -76,8 +77,12 @@ def _cast(t: jax.Array, role: str, recipe: Mxfp4Recipe, key_words: jax.Array, *,
     stochastic rounding and the Hadamard size of each copy come from the role's quantizer."""
     quantizer = MXFP4Quantizer.for_role(role, recipe)
     sizes = (quantizer.rowwise_hadamard, quantizer.columnwise_hadamard if columnwise else 0)
-    common = dict(scale_rule=quantizer.scale_rule, index_offset=index_offset,
-                  sr_key=role_sr_key(key_words, role) if recipe.stochastic(role) else None,
+    sr_key = role_sr_key(key_words, role) if recipe.stochastic(role) else None
+    if quantizer.tile_scaling:
+        # Tiles are whole in every shard (N and K split in multiples of 32), their hashes at global indices.
+        t = ref.quantize_tiles(t, scale_rule=quantizer.scale_rule, sr_key=sr_key, index_offset=index_offset)
+        sr_key = None
+    common = dict(scale_rule=quantizer.scale_rule, index_offset=index_offset, sr_key=sr_key,
                   hadamard_key=quantizer.hadamard_seed if any(sizes) else None)
     if columnwise is None:
         return _quantize.cast_mxfp4(t, hadamard=sizes[0], layout=rowwise, **common), None
@@ -124,6 +129,7 @@ def _backward(recipe, split, g, x_col_data, x_col_scales, w_col_data, w_col_scal
 # columnwise copy) and along the tokens (the columnwise copies of x and g); and wgrad's operands need whole
 # 64-token contractions (its shuffled B operand, x^T). Without differentiation only K matters.
 _FPROP = LinearOp(_fprop, operands=("m _", "n k", "_"), results=("m _",), multiples={"k": 32})
+_FPROP_TILES = LinearOp(_fprop, operands=("m _", "n k", "_"), results=("m _",), multiples={"n": 32, "k": 32})
 _TRAINING = {"m": TOKEN_MULTIPLE, "n": 32, "k": 32}
 _FPROP_TRAIN = LinearOp(_fprop, operands=("m _", "n k", "_"), results=("m _", "_ m/2", "_ m/32", "k n/2", "k n/32"),
                         multiples=_TRAINING)
@@ -133,7 +139,7 @@ _BACKWARD = LinearOp(_backward, operands=("m _", "_ m/2", "_ m/32", "k n/2", "k 
 
 def _forward(a, b, key_words, recipe, *, keep_residuals):
     x, rows = _token_matrix(a)
-    op = _FPROP_TRAIN if keep_residuals else _FPROP
+    op = _FPROP_TRAIN if keep_residuals else _FPROP_TILES if recipe.weight_tile_scaling else _FPROP
     y, *residuals = op((recipe, keep_residuals), x, b, key_words)
     y = y[:rows].reshape(*a.shape[:-1], b.shape[0])
     return y, (*residuals, key_words, _PrimalDtypes(a.dtype, b.dtype))

@@ -22,7 +22,9 @@ class Mxfp4Recipe:
     size (0, 16 or 32), always applied to *both* operands along that GEMM's contraction axis so the exact
     product is unchanged. ``hadamard_seed`` (an int) adds keyed +-1 signs to every rotation; None means the plain
     Hadamard. Which copies are shuffled is not a choice: it follows from the operand each copy is in AITER's
-    GEMM (see ``MXFP4Quantizer.for_role``).
+    GEMM (see ``MXFP4Quantizer.for_role``). ``weight_tile_scaling`` gives W one scale per 32 x 32 tile, shared
+    by its rowwise (fprop) and columnwise (dgrad) copy, so both GEMMs use the same quantized weight
+    (``jax_aiter.ref.mxfp4.quantize_tiles``); it needs W's copies unrotated (fprop and dgrad Hadamard 0).
 
     The field defaults are the project default (paired Hadamard on wgrad only, round-to-nearest-even).
     """
@@ -37,6 +39,7 @@ class Mxfp4Recipe:
     dgrad_hadamard: int = 0
     wgrad_hadamard: int = 16
     hadamard_seed: int | None = None
+    weight_tile_scaling: bool = False
 
     def __post_init__(self) -> None:
         for role in ROLES:
@@ -46,6 +49,11 @@ class Mxfp4Recipe:
         for gemm in GEMMS:
             _quantize.check_hadamard_size(f"{gemm}_hadamard", getattr(self, f"{gemm}_hadamard"))
         _quantize.check_seed("hadamard_seed", self.hadamard_seed)
+        if not isinstance(self.weight_tile_scaling, bool):
+            raise TypeError(f"weight_tile_scaling must be a bool, got {type(self.weight_tile_scaling).__name__}")
+        if self.weight_tile_scaling and (self.fprop_hadamard or self.dgrad_hadamard):
+            raise ValueError("weight_tile_scaling needs fprop_hadamard = dgrad_hadamard = 0: a rotation along one "
+                             f"axis of W breaks its 32 x 32 tiles (got {self.fprop_hadamard}, {self.dgrad_hadamard})")
 
     @classmethod
     def default(cls) -> Mxfp4Recipe:

@@ -94,7 +94,11 @@ _ROLE_COPIES = {
 @dataclasses.dataclass(frozen=True)
 class MXFP4Quantizer:
     """How to quantize one tensor: which copies (a layout per direction, None for none), the scale rule,
-    stochastic rounding, the Hadamard size per copy and the Hadamard sign seed. Static and hashable."""
+    stochastic rounding, the Hadamard size per copy and the Hadamard sign seed. Static and hashable.
+
+    ``tile_scaling``: the tensor (flattened to 2-D) is first quantized with one scale per 32 x 32 tile
+    (``jax_aiter.ref.mxfp4.quantize_tiles``, rounding as ``stochastic`` says); every copy then holds exactly
+    those values. It needs both copies unrotated and the flattened rows a multiple of 32."""
 
     rowwise_layout: str | None = "plain"
     columnwise_layout: str | None = None
@@ -103,6 +107,7 @@ class MXFP4Quantizer:
     rowwise_hadamard: int = 0
     columnwise_hadamard: int = 0
     hadamard_seed: int | None = None
+    tile_scaling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("rowwise_layout", "columnwise_layout"):
@@ -117,6 +122,11 @@ class MXFP4Quantizer:
         _quantize.check_hadamard_size("rowwise_hadamard", self.rowwise_hadamard)
         _quantize.check_hadamard_size("columnwise_hadamard", self.columnwise_hadamard)
         _quantize.check_seed("hadamard_seed", self.hadamard_seed)
+        if not isinstance(self.tile_scaling, bool):
+            raise TypeError(f"tile_scaling must be a bool, got {type(self.tile_scaling).__name__}")
+        if self.tile_scaling and (self.rowwise_hadamard or self.columnwise_hadamard):
+            raise ValueError("tile_scaling needs rowwise_hadamard = columnwise_hadamard = 0 (a rotation along one "
+                             "axis breaks the 32 x 32 tiles)")
 
     @classmethod
     def for_role(cls, role: str, recipe: Mxfp4Recipe | None = None) -> MXFP4Quantizer:
@@ -130,7 +140,8 @@ class MXFP4Quantizer:
         (row_gemm, row_layout), (col_gemm, col_layout) = _ROLE_COPIES[role]
         return cls(rowwise_layout=row_layout, columnwise_layout=col_layout, scale_rule=recipe.scale_rule(role),
                    stochastic=recipe.stochastic(role), rowwise_hadamard=recipe.hadamard(row_gemm),
-                   columnwise_hadamard=recipe.hadamard(col_gemm), hadamard_seed=recipe.hadamard_seed)
+                   columnwise_hadamard=recipe.hadamard(col_gemm), hadamard_seed=recipe.hadamard_seed,
+                   tile_scaling=role == "weight" and recipe.weight_tile_scaling)
 
     @classmethod
     def for_activation(cls, recipe: Mxfp4Recipe | None = None) -> MXFP4Quantizer:
@@ -157,6 +168,13 @@ class MXFP4Quantizer:
         if not self.stochastic and sr_key is not None:
             raise ValueError("sr_key was given, but this quantizer rounds to nearest (stochastic=False)")
         matrix = jnp.reshape(x, (-1, shape[-1]))
+        if self.tile_scaling:
+            if matrix.shape[0] % ref.BLOCK or matrix.shape[1] % ref.BLOCK:
+                raise ValueError(f"x: tile_scaling needs the flattened [{matrix.shape[0]}, {matrix.shape[1]}] to "
+                                 "have both axes multiples of 32")
+            words = None if sr_key is None else _quantize.key_words(sr_key, "sr_key")
+            matrix = ref.quantize_tiles(matrix, scale_rule=self.scale_rule, sr_key=words)
+            sr_key = None  # the tile values are on every copy's grid already: the casts below round nothing
         sizes = (self.rowwise_hadamard if self.rowwise_layout else 0,
                  self.columnwise_hadamard if self.columnwise_layout else 0)
         signed = self.hadamard_seed is not None and any(sizes)

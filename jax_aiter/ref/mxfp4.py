@@ -209,15 +209,53 @@ def quantize_rows(x: jax.Array, *, scale_rule: str, sr_key: jax.Array | None, tr
     return data, scales
 
 
+def quantize_tiles(x: jax.Array, *, scale_rule: str, sr_key: jax.Array | None,
+                   index_offset: jax.Array | None = None) -> jax.Array:
+    """The float32 values of a 2-D float array [R, C] (R, C % 32 == 0) quantized to MXFP4 with one scale per
+    32 x 32 tile instead of per 32-element row block: the tile's amax sets its exponent by ``scale_rule``, and
+    every element rounds to nearest even (or stochastically: the rowwise hash at its global (row, column),
+    ``index_offset`` as in :func:`quantize_rows`) at that exponent; a tile holding a non-finite value is NaN.
+
+    Each result is an E2M1 value times the tile's 2^e. Cast again with 32-element blocks along either axis it
+    comes back unchanged: a block's amax is E2M1 * 2^e, whose significand is 1 or 1.5, so every rule picks
+    2^e or a smaller power of two at which the block's values are again E2M1 values (at most 6, the same
+    significand bits), and nothing rounds. So the rowwise and the columnwise copy of the result hold the same
+    matrix: fprop and dgrad multiply by one quantized weight.
+    """
+    rows, cols = x.shape
+    offset = jnp.zeros(2, jnp.uint32) if index_offset is None else index_offset
+    bits = _bits(x.astype(jnp.float32))
+    magnitude = bits & _ABS
+    tiles = magnitude.reshape(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
+    amax = jnp.max(tiles, axis=(1, 3), keepdims=True)
+    nonfinite = jnp.broadcast_to(amax >= _INF_BITS, tiles.shape).reshape(rows, cols)
+    e = jnp.broadcast_to(_scale_exponent(amax, scale_rule), tiles.shape).reshape(rows, cols)
+    z, lost = _fixed_point(magnitude, e)
+    if sr_key is None:
+        code = _round_nearest_even(z, lost)
+    else:
+        row = lax.broadcasted_iota(jnp.uint32, (rows, cols), 0) + offset[0]
+        col = lax.broadcasted_iota(jnp.uint32, (rows, cols), 1) + offset[1]
+        code = _round_stochastic(z, sr_hash(sr_key, row, col, ROWWISE_STREAM))
+    code = jnp.where(nonfinite, _u32(0), code)
+    code = jnp.where(code == 0, code, code | ((bits >> 31) << 3))
+    return _float(_code_bits(code, jnp.where(nonfinite, NAN_SCALE, e + 127)))
+
+
 def _dequantized_bits(data: jax.Array, scales: jax.Array) -> jax.Array:
-    """float32 bit patterns of the dequantized values of packed uint8 [..., K/2] and scale bytes [..., K/32].
+    """float32 bit patterns of the dequantized values of packed uint8 [..., K/2] and scale bytes [..., K/32]."""
+    data = data.astype(jnp.uint32)
+    codes = jnp.stack([data & 0xF, data >> 4], axis=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
+    return _code_bits(codes, jnp.repeat(scales.astype(jnp.int32), BLOCK, axis=-1))
+
+
+def _code_bits(codes: jax.Array, scale: jax.Array) -> jax.Array:
+    """float32 bit patterns of E2M1 codes (uint32, sign in bit 3) times 2^(scale - 127), one scale byte
+    (int32) per element, 255 meaning NaN.
 
     Elementwise integer arithmetic only (no table lookups), so XLA fuses it into one pass, or into the consumer.
     E2M1 magnitude code m: 0 -> 0, 1 -> 0.5 = 2^-1, and for m >= 2 (1 + (m & 1)/2) * 2^((m >> 1) - 1).
     """
-    data = data.astype(jnp.uint32)
-    codes = jnp.stack([data & 0xF, data >> 4], axis=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
-    scale = jnp.repeat(scales.astype(jnp.int32), BLOCK, axis=-1)
     magnitude = codes & 7
     normal_code = magnitude >= 2
     half = jnp.where(normal_code, magnitude & 1, _u32(0))
