@@ -331,6 +331,7 @@ def test_tile_scaling_is_the_oracle_and_both_copies_hold_it(rule, stochastic):
     rng = np.random.default_rng(11)
     w = tile_test_matrix(rng)
     sr_words = (5, 6) if stochastic else None
+    sr_key = None if sr_words is None else np.asarray(sr_words, np.uint32)
     expected = oracle.quantize_tiles(w, rule, sr_words)
     got = mxfp4_ref.quantize_tiles(jnp.asarray(w), scale_rule=rule,
                                    sr_key=None if sr_words is None else jnp.asarray(sr_words, jnp.uint32))
@@ -342,12 +343,12 @@ def test_tile_scaling_is_the_oracle_and_both_copies_hold_it(rule, stochastic):
         if impl == "native" and _native.load("cpu").problem:
             continue
         with jax_aiter.use_backend(impl):
-            row, col = quantizer.quantize(jnp.asarray(w), sr_key=np.asarray(sr_words, np.uint32) if stochastic else None)
+            row, col = quantizer.quantize(jnp.asarray(w), sr_key=sr_key)
         np.testing.assert_array_equal(np.asarray(row.dequantize(), np.float64), expected, err_msg=impl)
         np.testing.assert_array_equal(np.asarray(col.dequantize(), np.float64), expected, err_msg=impl)
     # Per-block scaling (the same quantizer without tiles) gives the two copies different values.
-    row, col = dataclasses.replace(quantizer, tile_scaling=False).quantize(
-        jnp.asarray(np.nan_to_num(w, posinf=0.0)), sr_key=np.asarray(sr_words, np.uint32) if stochastic else None)
+    row, col = dataclasses.replace(quantizer, tile_scaling=False).quantize(jnp.asarray(np.nan_to_num(w, posinf=0.0)),
+                                                                           sr_key=sr_key)
     assert np.any(np.asarray(row.dequantize()) != np.asarray(col.dequantize()))
 
 

@@ -33,7 +33,6 @@ from jax_aiter.gemm_fp4._gemm import gemm_fp4
 from jax_aiter.gemm_fp4._layout import shuffle_fp4, shuffle_scales
 from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
 from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer
-from jax_aiter.ref import mxfp4 as ref
 
 __all__ = ["ACTIVATION_COPY_NAME", "CHECKPOINT_NAMES", "WEIGHT_COPY_NAME", "gemm_fp4_bf16", "role_sr_key"]
 
@@ -77,11 +76,9 @@ def _cast(t: jax.Array, role: str, recipe: Mxfp4Recipe, key_words: jax.Array, *,
     stochastic rounding and the Hadamard size of each copy come from the role's quantizer."""
     quantizer = MXFP4Quantizer.for_role(role, recipe)
     sizes = (quantizer.rowwise_hadamard, quantizer.columnwise_hadamard if columnwise else 0)
-    sr_key = role_sr_key(key_words, role) if recipe.stochastic(role) else None
-    if quantizer.tile_scaling:
-        # Tiles are whole in every shard (N and K split in multiples of 32), their hashes at global indices.
-        t = ref.quantize_tiles(t, scale_rule=quantizer.scale_rule, sr_key=sr_key, index_offset=index_offset)
-        sr_key = None
+    # Weight tiles are whole in every shard (N and K split in multiples of 32), their hashes at global indices.
+    t, sr_key = quantizer.apply_tiles(t, role_sr_key(key_words, role) if recipe.stochastic(role) else None,
+                                      index_offset)
     common = dict(scale_rule=quantizer.scale_rule, index_offset=index_offset, sr_key=sr_key,
                   hadamard_key=quantizer.hadamard_seed if any(sizes) else None)
     if columnwise is None:

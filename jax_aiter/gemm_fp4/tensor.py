@@ -158,6 +158,15 @@ class MXFP4Quantizer:
         """g: rowwise as dgrad's A operand, columnwise as wgrad's A operand."""
         return cls.for_role("gradient", recipe)
 
+    def apply_tiles(self, matrix: jax.Array, sr_words: jax.Array | None,
+                    index_offset: jax.Array | None = None) -> tuple[jax.Array, jax.Array | None]:
+        """With ``tile_scaling``: the 2-D ``matrix`` quantized per 32 x 32 tile (stochastically with ``sr_words``,
+        at global indices from ``index_offset``) and None for the casts' SR words, since the tile values are on
+        every copy's grid already and the casts round nothing. Without it: both unchanged."""
+        if not self.tile_scaling:
+            return matrix, sr_words
+        return ref.quantize_tiles(matrix, scale_rule=self.scale_rule, sr_key=sr_words, index_offset=index_offset), None
+
     def quantize(self, x: jax.Array, *, sr_key: Any = None) -> Mxfp4Copies:
         """The requested copies of ``x`` [..., K] (leading axes flattened; columnwise blocks run along them).
         Two copies come from one dual cast. ``sr_key`` is required exactly when ``stochastic`` is set."""
@@ -172,9 +181,7 @@ class MXFP4Quantizer:
             if matrix.shape[0] % ref.BLOCK or matrix.shape[1] % ref.BLOCK:
                 raise ValueError(f"x: tile_scaling needs the flattened [{matrix.shape[0]}, {matrix.shape[1]}] to "
                                  "have both axes multiples of 32")
-            words = None if sr_key is None else _quantize.key_words(sr_key, "sr_key")
-            matrix = ref.quantize_tiles(matrix, scale_rule=self.scale_rule, sr_key=words)
-            sr_key = None  # the tile values are on every copy's grid already: the casts below round nothing
+            matrix, sr_key = self.apply_tiles(matrix, None if sr_key is None else _quantize.key_words(sr_key, "sr_key"))
         sizes = (self.rowwise_hadamard if self.rowwise_layout else 0,
                  self.columnwise_hadamard if self.columnwise_layout else 0)
         signed = self.hadamard_seed is not None and any(sizes)
