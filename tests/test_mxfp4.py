@@ -512,6 +512,27 @@ def test_single_cast_bit_exact(device, columnwise, layout):
     assert_same_bytes(*_oracle.native_and_reference(cast_mxfp4, x, **options), str(options))
 
 
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
+@pytest.mark.parametrize("options", [dict(hadamard_rowwise=16, hadamard_columnwise=32),
+                                     dict(hadamard_rowwise=32, hadamard_columnwise=16, sr_key=3, hadamard_key=4)],
+                         ids=["nearest", "stochastic-signed"])
+def test_hadamard_cast_near_the_flush_bound(device, dtype, options):
+    """Rotations skip their flushes when every non-zero input has |x| >= 2^-100 (mxfp4_codec.h,
+    rotation_never_flushes). Rows whose smallest non-zero magnitude lies just above, at and below that bound,
+    near-cancelling pairs (differences of one unit in the last place) and waves that mix both kinds of block
+    give the reference's bytes."""
+    rng = np.random.default_rng(12)
+    m, k = 128, 256
+    binades = rng.choice([-98, -99, -100, -101, -102, -126, 3], size=(m, 1))
+    x = rng.choice([-1.0, 1.0], (m, k)) * rng.uniform(1.0, 2.0, (m, k)) * np.exp2(binades)
+    x[::3, 1::2] = -x[::3, ::2] * (1 + 2.0 ** -7)  # pairs that nearly cancel in the first butterfly stage
+    x[::5, 7] = 2.0 ** -100  # the bound itself
+    x[1::5, 9] = np.nextafter(np.float32(2.0 ** -100), np.float32(0))  # one unit below it
+    x[2::7, 4:12] = 0.0
+    x = jax.device_put(jnp.asarray(x.astype(np.float32)).astype(dtype), device)
+    assert_same_bytes(*_oracle.native_and_reference(dual_cast, x, **options), f"{np.dtype(dtype).name} {options}")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_columnwise_cast_of_unaligned_rows(device, dtype):
     # K = 37: rows are not whole 16-byte chunks, so the kernel loads element by element.

@@ -13,6 +13,21 @@ namespace {
 
 using mxfp4::kBlock;
 
+// The keyed signs and the rotation of block b of a row of the view (kFlush: see mxfp4::rotation_never_flushes).
+template <bool kFlush>
+void rotate_block(const Mxfp4CastPlan& plan, int size, uint32_t col_offset, int64_t b, float (&y)[kBlock]) {
+  for (int i = 0; i < kBlock; ++i) {
+    const uint32_t index = col_offset + static_cast<uint32_t>(b * kBlock + i);
+    const uint32_t sign =
+        plan.hadamard_signs ? mxfp4::hadamard_sign_bit(plan.hadamard_key[0], plan.hadamard_key[1], index) : 0u;
+    y[i] = mxfp4::hadamard_input<kFlush>(y[i], sign);
+  }
+  for (int chunk = 0; chunk < kBlock; chunk += size) {
+    if (size == 16) mxfp4::hadamard_chunk<16, kFlush>(y + chunk);
+    else mxfp4::hadamard_chunk<32, kFlush>(y + chunk);
+  }
+}
+
 // Quantizes the view [copy.rows, copy.cols] of x: element (r, c) is x[r, c], or x[c, r] when `transposed`.
 // Hashes take the element's indices in the logical input (x offset by plan.index_offset).
 template <typename E>
@@ -35,16 +50,10 @@ void quantize_copy(const Mxfp4CastPlan& plan, const Mxfp4CopyPlan& copy, bool tr
         y[i] = E::load(transposed ? x[c * plan.k + r] : x[r * plan.k + c]);
       }
       if (copy.hadamard != 0) {
-        for (int i = 0; i < kBlock; ++i) {
-          const uint32_t index = col_offset + static_cast<uint32_t>(b * kBlock + i);
-          const uint32_t sign =
-              plan.hadamard_signs ? mxfp4::hadamard_sign_bit(plan.hadamard_key[0], plan.hadamard_key[1], index) : 0u;
-          y[i] = mxfp4::hadamard_input(y[i], sign);
-        }
-        for (int chunk = 0; chunk < kBlock; chunk += copy.hadamard) {
-          if (copy.hadamard == 16) mxfp4::hadamard_chunk<16>(y + chunk);
-          else mxfp4::hadamard_chunk<32>(y + chunk);
-        }
+        uint32_t nonzero_min = 0xFFFFFFFFu;
+        for (int i = 0; i < kBlock; ++i) nonzero_min = mxfp4::nonzero_min_step(nonzero_min, y[i]);
+        if (mxfp4::rotation_never_flushes(nonzero_min)) rotate_block<false>(plan, copy.hadamard, col_offset, b, y);
+        else rotate_block<true>(plan, copy.hadamard, col_offset, b, y);
       }
       uint32_t bits[kBlock];
       uint32_t amax = 0;

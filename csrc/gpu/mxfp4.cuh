@@ -184,14 +184,53 @@ __device__ __forceinline__ void rowwise_nearest(const CastMxfp4Args<typename E::
   (rowwise_chunk_nearest<E, V, kChunks>(a, chunks[kChunks], o, first_row + 8 * kChunks < a.m && col < a.k), ...);
 }
 
+// The rotation of one rowwise block across the kGroup lanes that hold it, V values per lane (kFlush: see
+// mxfp4::rotation_never_flushes).
+template <bool kFlush, int V>
+__device__ __forceinline__ void rotate_rowwise(float (&y)[V], int size, uint32_t sign_bits, int lane) {
+  constexpr int kGroup = mxfp4::kBlock / V;
+#pragma unroll
+  for (int j = 0; j < V; ++j) y[j] = mxfp4::hadamard_input<kFlush>(y[j], (sign_bits >> j) & 1u);
+  // Stages with half < V pair values inside the lane, the others pair lanes (half / V apart). Stages are
+  // counted linearly so that every loop unrolls (an unroller needs an affine trip count).
+  constexpr int kLaneStages = V == 8 ? 3 : 2;
+#pragma unroll
+  for (int stage = 0; stage < kLaneStages; ++stage) {
+    const int half = 1 << stage;
+    if (half >= size) break;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      if (j & half) continue;
+      const float low = y[j];
+      const float high = y[j + half];
+      y[j] = mxfp4::butterfly_sum<kFlush>(low, high);
+      y[j + half] = mxfp4::butterfly_difference<kFlush>(low, high);
+    }
+  }
+#pragma unroll
+  for (int stage = kLaneStages; stage < 5; ++stage) {
+    if ((1 << stage) >= size) break;
+    const int mask = (1 << stage) / V;
+    const bool low_lane = (lane & mask) == 0;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float other = gpu::shfl_xor(y[j], mask, kGroup);
+      y[j] = low_lane ? mxfp4::butterfly_sum<kFlush>(y[j], other) : mxfp4::butterfly_difference<kFlush>(other, y[j]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < V; ++j) y[j] = mxfp4::hadamard_output<kFlush>(y[j], size);
+}
+
 // Rowwise, general: this lane's V consecutive elements of one 32-element block whose other elements sit in
 // the neighbouring lanes of its group. Every lane of the wave calls this (the shuffles need all lanes); `valid`
-// says whether the lane's chunk is inside x.
+// says whether the lane's chunk is inside x; `unflushed` (the same in every lane of the wave) that no rotation
+// of the wave's blocks can flush.
 template <typename E, int V>
 __device__ __forceinline__ void rowwise_chunk(const CastMxfp4Args<typename E::Storage>& a, const Chunk& chunk,
-                                              int64_t row,
-                                              int64_t col, bool valid, uint32_t sign_bits, uint32_t row_hash,
-                                              uint32_t key1_stream, uint32_t col_offset) {
+                                              int64_t row, int64_t col, bool valid, bool unflushed,
+                                              uint32_t sign_bits, uint32_t row_hash, uint32_t key1_stream,
+                                              uint32_t col_offset) {
   constexpr int kGroup = mxfp4::kBlock / V;
   const int lane = static_cast<int>(threadIdx.x) % kGroup;
   float y[V];
@@ -200,37 +239,8 @@ __device__ __forceinline__ void rowwise_chunk(const CastMxfp4Args<typename E::St
 
   const int size = a.row.hadamard;
   if (size != 0) {
-#pragma unroll
-    for (int j = 0; j < V; ++j) y[j] = mxfp4::hadamard_input(y[j], (sign_bits >> j) & 1u);
-    // Stages with half < V pair values inside the lane, the others pair lanes (half / V apart). Stages are
-    // counted linearly so that every loop unrolls (an unroller needs an affine trip count).
-    constexpr int kLaneStages = V == 8 ? 3 : 2;
-#pragma unroll
-    for (int stage = 0; stage < kLaneStages; ++stage) {
-      const int half = 1 << stage;
-      if (half >= size) break;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if (j & half) continue;
-        const float low = y[j];
-        const float high = y[j + half];
-        y[j] = mxfp4::butterfly_sum(low, high);
-        y[j + half] = mxfp4::butterfly_difference(low, high);
-      }
-    }
-#pragma unroll
-    for (int stage = kLaneStages; stage < 5; ++stage) {
-      if ((1 << stage) >= size) break;
-      const int mask = (1 << stage) / V;
-      const bool low_lane = (lane & mask) == 0;
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const float other = gpu::shfl_xor(y[j], mask, kGroup);
-        y[j] = low_lane ? mxfp4::butterfly_sum(y[j], other) : mxfp4::butterfly_difference(other, y[j]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < V; ++j) y[j] = mxfp4::hadamard_output(y[j], size);
+    if (unflushed) rotate_rowwise<false>(y, size, sign_bits, lane);
+    else rotate_rowwise<true>(y, size, sign_bits, lane);
   }
 
   uint32_t bits[V];
@@ -249,10 +259,16 @@ __device__ __forceinline__ void rowwise_chunk(const CastMxfp4Args<typename E::St
 }
 
 // Columnwise: the 32 values of one column of one 32-row half of the tile, quantized as one block of x^T.
-template <int kSize>
-__device__ __forceinline__ void hadamard_column(float (&y)[mxfp4::kBlock]) {
+template <bool kFlush>
+__device__ __forceinline__ void rotate_column(float (&y)[mxfp4::kBlock], int size, const uint8_t* row_signs) {
 #pragma unroll
-  for (int chunk = 0; chunk < mxfp4::kBlock; chunk += kSize) mxfp4::hadamard_chunk<kSize>(y + chunk);
+  for (int j = 0; j < mxfp4::kBlock; ++j) y[j] = mxfp4::hadamard_input<kFlush>(y[j], row_signs[j]);
+  if (size == 16) {
+    mxfp4::hadamard_chunk<16, kFlush>(y);
+    mxfp4::hadamard_chunk<16, kFlush>(y + 16);
+  } else {
+    mxfp4::hadamard_chunk<32, kFlush>(y);
+  }
 }
 
 template <typename S>
@@ -261,10 +277,11 @@ __device__ __forceinline__ void columnwise_block(const CastMxfp4Args<S>& a, floa
                                                  const uint32_t* row_hashes, uint32_t key1_stream,
                                                  uint32_t col_offset) {
   if (a.col.hadamard != 0) {
+    uint32_t nonzero_min = 0xFFFFFFFFu;
 #pragma unroll
-    for (int j = 0; j < mxfp4::kBlock; ++j) y[j] = mxfp4::hadamard_input(y[j], row_signs[j]);
-    if (a.col.hadamard == 16) hadamard_column<16>(y);
-    else hadamard_column<32>(y);
+    for (int j = 0; j < mxfp4::kBlock; ++j) nonzero_min = mxfp4::nonzero_min_step(nonzero_min, y[j]);
+    if (mxfp4::rotation_never_flushes(nonzero_min)) rotate_column<false>(y, a.col.hadamard, row_signs);
+    else rotate_column<true>(y, a.col.hadamard, row_signs);
   }
   uint32_t bits[mxfp4::kBlock];
 #pragma unroll
@@ -396,14 +413,25 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
                                               col_offset + static_cast<uint32_t>(col + j))
                      << j;
     }
+    // One decision for the wave (its lanes rotate together): no flush when no element it holds can meet one.
+    bool unflushed = false;
+    if (a.row.hadamard != 0) {
+      uint32_t nonzero_min = 0xFFFFFFFFu;
+#pragma unroll
+      for (int i = 0; i < kCastChunksPerThread; ++i) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) nonzero_min = mxfp4::nonzero_min_step(nonzero_min, chunk_value<E>(chunks[i], j));
+      }
+      unflushed = mxfp4::rotation_never_flushes(gpu::wave_min(nonzero_min));
+    }
     const uint32_t key1_stream = a.sr_key[1] ^ mxfp4::kRowwiseStream;
 #pragma unroll
     for (int i = 0; i < kCastChunksPerThread; ++i) {
       const int64_t row = m0 + t / kCastChunksPerRow + i * (kCastThreads / kCastChunksPerRow);
       const uint32_t row_hash =
           a.stochastic ? mxfp4::sr_row(a.sr_key[0], row_offset + static_cast<uint32_t>(row)) : 0u;
-      rowwise_chunk<E, V>(a, chunks[i], row, col, row < a.m && col < a.k, sign_bits, row_hash, key1_stream,
-                          col_offset);
+      rowwise_chunk<E, V>(a, chunks[i], row, col, row < a.m && col < a.k, unflushed, sign_bits, row_hash,
+                          key1_stream, col_offset);
     }
   }
 

@@ -104,6 +104,17 @@ __device__ __forceinline__ float amax_step(float acc, float x) {
 #endif
 }
 
+// Minimum over the wave, as unsigned integers; every lane of the wave must take part.
+__device__ __forceinline__ uint32_t wave_min(uint32_t v) {
+  constexpr int kStages = kWaveSize == 64 ? 6 : 5;
+#pragma unroll
+  for (int stage = kStages - 1; stage >= 0; --stage) {
+    const uint32_t other = shfl_xor(v, 1 << stage, kWaveSize);
+    v = other < v ? other : v;
+  }
+  return v;
+}
+
 __device__ __forceinline__ float wave_sum(float v) {
   constexpr int kStages = kWaveSize == 64 ? 6 : 5;
 #pragma unroll

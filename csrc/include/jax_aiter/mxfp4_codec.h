@@ -65,24 +65,48 @@ JA_HOST_DEVICE float flush_subnormal(float y) {
   return (b & kAbsMask) < kMinNormalBits ? bits_as_float(b & kSignMask) : y;
 }
 
-// One butterfly pair: (low + high, low - high), each flushed below 2^-126.
-JA_HOST_DEVICE float butterfly_sum(float low, float high) { return flush_subnormal(low + high); }
-JA_HOST_DEVICE float butterfly_difference(float low, float high) { return flush_subnormal(low - high); }
+// One butterfly pair: (low + high, low - high), each flushed below 2^-126 (kFlush false: a rotation that can
+// meet no subnormal, see rotation_never_flushes, skips the test).
+template <bool kFlush = true>
+JA_HOST_DEVICE float butterfly_sum(float low, float high) {
+  return kFlush ? flush_subnormal(low + high) : low + high;
+}
+template <bool kFlush = true>
+JA_HOST_DEVICE float butterfly_difference(float low, float high) {
+  return kFlush ? flush_subnormal(low - high) : low - high;
+}
 
 // The input side of the rotation: flushed, then negated where the keyed sign is -1 (sign_bit = 1).
+template <bool kFlush = true>
 JA_HOST_DEVICE float hadamard_input(float x, uint32_t sign_bit) {
-  return bits_as_float(float_as_bits(flush_subnormal(x)) ^ (sign_bit << 31));
+  return bits_as_float(float_as_bits(kFlush ? flush_subnormal(x) : x) ^ (sign_bit << 31));
 }
 
 // The last step: times float32(1/sqrt(size)), with |y| < 2^-123 going to a signed zero instead.
+template <bool kFlush = true>
 JA_HOST_DEVICE float hadamard_output(float y, int size) {
   const uint32_t b = float_as_bits(y);
   const float scale = size == 16 ? 0.25f : bits_as_float(0x3E3504F3u);
-  return (b & kAbsMask) < 0x02000000u ? bits_as_float(b & kSignMask) : y * scale;
+  return kFlush && (b & kAbsMask) < 0x02000000u ? bits_as_float(b & kSignMask) : y * scale;
+}
+
+// When every non-zero input of a rotation has |x| >= 2^-100, no flush of the rotation can change a value, so
+// kFlush = false gives the same bits: each input is then a multiple of 2^-123 (its unit in the last place or a
+// multiple of it), sums and differences of multiples of 2^-123 round to multiples of 2^-123, so every
+// intermediate is 0, non-finite or at least 2^-123 in magnitude: never below the stages' 2^-126 nor the
+// output's 2^-123. nonzero_min_step keeps the running minimum of (|x| bits - 1) as an unsigned integer, in
+// which zeros wrap to the top; start it at 0xFFFFFFFF.
+inline constexpr uint32_t kNeverFlushedMagnitude = 0x0D800000u;  // 2^-100
+JA_HOST_DEVICE uint32_t nonzero_min_step(uint32_t acc, float x) {
+  const uint32_t below = (float_as_bits(x) & kAbsMask) - 1u;
+  return below < acc ? below : acc;
+}
+JA_HOST_DEVICE bool rotation_never_flushes(uint32_t nonzero_min) {
+  return nonzero_min >= kNeverFlushedMagnitude - 1u;
 }
 
 // In-place rotation of kSize (16 or 32) consecutive values already passed through hadamard_input.
-template <int kSize>
+template <int kSize, bool kFlush = true>
 JA_HOST_DEVICE void hadamard_chunk(float* y) {
   constexpr int kStages = kSize == 16 ? 4 : 5;
   // Stages counted linearly: loop unrollers need an affine trip count (half *= 2 is not).
@@ -94,12 +118,12 @@ JA_HOST_DEVICE void hadamard_chunk(float* y) {
       if (i & half) continue;
       const float low = y[i];
       const float high = y[i + half];
-      y[i] = butterfly_sum(low, high);
-      y[i + half] = butterfly_difference(low, high);
+      y[i] = butterfly_sum<kFlush>(low, high);
+      y[i + half] = butterfly_difference<kFlush>(low, high);
     }
   }
   JA_UNROLL
-  for (int i = 0; i < kSize; ++i) y[i] = hadamard_output(y[i], kSize);
+  for (int i = 0; i < kSize; ++i) y[i] = hadamard_output<kFlush>(y[i], kSize);
 }
 
 // --- scale -------------------------------------------------------------------------------------------
