@@ -1,5 +1,5 @@
 """PrecisionPolicy: which projection gets which recipe (roles, first/last blocks), validation, hashing, and
-``project``'s dispatch to the BF16, MXFP4 and FP8 GEMMs."""
+``project``'s dispatch to the BF16, MXFP4 and FP8 GEMMs; PrecisionSchedule: which policy trains which step."""
 
 import jax
 import jax.numpy as jnp
@@ -10,7 +10,7 @@ import mxfp4_oracle as oracle
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
 from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8
-from jax_aiter.precision import BLOCK_ROLES, ROLES, PrecisionPolicy, project
+from jax_aiter.precision import BLOCK_ROLES, ROLES, PrecisionPolicy, PrecisionSchedule, project
 
 SR = Mxfp4Recipe(gradient_stochastic=True)
 
@@ -136,3 +136,51 @@ def test_embedding_as_one_hot_gemm_is_a_lookup_in_the_quantized_table():
     got = project(jax.nn.one_hot(tokens, vocab, dtype=jnp.bfloat16), table.T, Mxfp4Recipe.default())
     quantized = oracle.dequantize(*oracle.quantize(np.asarray(table.T, np.float32)))  # [dim, vocab]
     np.testing.assert_array_equal(np.asarray(got, np.float32), quantized.T[np.asarray(tokens)])
+
+
+# --- PrecisionSchedule ---------------------------------------------------------------------------------------
+
+
+def test_schedule_phases():
+    mxfp4, fp8 = PrecisionPolicy.mxfp4(), PrecisionPolicy.fp8()
+    closing = PrecisionSchedule(mxfp4, fp8, 0.25)
+    # 8 steps: round(8 * 0.25) = 2 closing steps, the last two.
+    assert closing.final_from(8) == 6
+    assert [closing.policy_at(t, 8) for t in range(8)] == [mxfp4] * 6 + [fp8] * 2
+    assert closing.policies == (mxfp4, fp8)
+    single = PrecisionSchedule(mxfp4)
+    assert single.final_from(8) == 8 and single.policies == (mxfp4,)
+    assert {single.policy_at(t, 8) for t in range(8)} == {mxfp4}
+    assert hash(closing) == hash(PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.fp8(), 0.25))
+
+
+def test_mxfp4_then_fp8_is_the_measured_arm():
+    """The named schedule is the convergence arm whose H200 result docs/convergence.md records."""
+    from jax_aiter.examples import convergence
+
+    schedule = PrecisionSchedule.mxfp4_then_fp8()
+    assert schedule.policy == PrecisionPolicy.mxfp4(Mxfp4Recipe(hadamard_seed=0), bf16_last_blocks=2)
+    assert schedule.final_policy == PrecisionPolicy.fp8() and schedule.final_fraction == 0.25
+    assert convergence.ARMS["mxfp4-signed-hadamard-bf16-last2-then-fp8-last25"].schedule == schedule
+    assert schedule.final_from(2000) == 1500
+    custom = PrecisionSchedule.mxfp4_then_fp8(SR, bf16_last_blocks=0, final_fraction=0.1)
+    assert custom.policy == PrecisionPolicy.mxfp4(SR) and custom.final_from(2000) == 1800
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: PrecisionSchedule("mxfp4"), TypeError, "policy must be a PrecisionPolicy, got str"),
+    (lambda: PrecisionSchedule(PrecisionPolicy.mxfp4(), Fp8Recipe.default(), 0.1), TypeError,
+     "final_policy must be a PrecisionPolicy or None, got Fp8Recipe"),
+    (lambda: PrecisionSchedule(PrecisionPolicy.mxfp4(), None, 0.1), ValueError,
+     "final_fraction must be 0 without a final_policy, got 0.1"),
+    (lambda: PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.fp8(), 1.0), ValueError,
+     r"final_fraction must be in \(0, 1\) with a final_policy, got 1.0"),
+    (lambda: PrecisionSchedule.mxfp4_then_fp8().final_from(2), ValueError,
+     "final_fraction 0.25 of 2 steps leaves a phase without steps"),
+    (lambda: PrecisionSchedule.mxfp4_then_fp8().final_from(0), ValueError, "steps must be a positive int, got 0"),
+    (lambda: PrecisionSchedule.mxfp4_then_fp8().policy_at(8, 8), ValueError,
+     r"step must be an int in \[0, steps = 8\), got 8"),
+])
+def test_schedule_validation_names_the_argument(make, error, message):
+    with pytest.raises(error, match=message):
+        make()

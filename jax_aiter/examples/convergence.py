@@ -36,7 +36,7 @@ import numpy as np
 
 from jax_aiter.examples import models, text_data, tiny_llama
 from jax_aiter.gemm_fp4 import Mxfp4Recipe
-from jax_aiter.precision import PrecisionPolicy
+from jax_aiter.precision import PrecisionPolicy, PrecisionSchedule
 
 __all__ = ["ARMS", "DEFAULT_ARMS", "FINAL_EVALS", "FINAL_TRAIN_FRACTION", "GAP_DEFINITION", "OVERRIDES", "REFERENCE",
            "SEED_SUMMARY_DEFINITION", "Arm", "Data", "MlperfLog", "Setup", "SetupMismatch", "bundled_sample", "gaps",
@@ -54,7 +54,8 @@ OVERRIDES = ("steps", "batch", "seq_len", "learning_rate", "seed", "warmup_steps
 class Arm:
     """A precision policy to train with; optionally a second one, ``final_policy``, for the last
     ``final_fraction`` of the steps (a closing phase in a wider format, as in FP4 work that ends training in
-    higher precision). The held-out loss after a step is measured under the policy that trained that step."""
+    higher precision): the fields of a :class:`~jax_aiter.precision.PrecisionSchedule`, which checks them. The
+    held-out loss after a step is measured under the policy that trained that step."""
 
     policy: PrecisionPolicy
     description: str
@@ -62,22 +63,19 @@ class Arm:
     final_fraction: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.final_policy is None:
-            if self.final_fraction != 0.0:
-                raise ValueError(f"final_fraction must be 0 without a final_policy, got {self.final_fraction}")
-            return
-        if not isinstance(self.final_policy, PrecisionPolicy):
-            raise TypeError(f"final_policy must be a PrecisionPolicy or None, got {type(self.final_policy).__name__}")
-        if not 0.0 < self.final_fraction < 1.0:
-            raise ValueError(f"final_fraction must be in (0, 1) with a final_policy, got {self.final_fraction}")
+        PrecisionSchedule(self.policy, self.final_policy, self.final_fraction)  # its checks name the bad field
+
+    @property
+    def schedule(self) -> PrecisionSchedule:
+        return PrecisionSchedule(self.policy, self.final_policy, self.final_fraction)
+
+    @classmethod
+    def of(cls, schedule: PrecisionSchedule, description: str) -> Arm:
+        return cls(schedule.policy, description, schedule.final_policy, schedule.final_fraction)
 
     def final_from(self, steps: int) -> int:
-        """The first (0-based) of ``steps`` steps trained under ``final_policy``; ``steps`` when there is none.
-        Raises ValueError when ``final_fraction`` of ``steps`` leaves one of the two phases without a step."""
-        first = steps - round(steps * self.final_fraction)
-        if self.final_policy is not None and not 0 < first < steps:
-            raise ValueError(f"final_fraction {self.final_fraction} of {steps} steps leaves a phase without steps")
-        return first
+        """:meth:`PrecisionSchedule.final_from`."""
+        return self.schedule.final_from(steps)
 
 
 _SR_GRAD = Mxfp4Recipe(gradient_stochastic=True)
@@ -127,10 +125,9 @@ ARMS = {
                           "of the steps", final_policy=PrecisionPolicy.fp8(), final_fraction=0.1),
     "mxfp4-then-fp8-last25": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then FP8 current scaling for the "
                                  "last 25 % of the steps", final_policy=PrecisionPolicy.fp8(), final_fraction=0.25),
-    "mxfp4-signed-hadamard-bf16-last2-then-fp8-last25": Arm(
-        PrecisionPolicy.mxfp4(_SIGNED, bf16_last_blocks=2), "keyed random-sign Hadamard (hadamard_seed=0), the last 2 "
-        "blocks BF16, then FP8 current scaling for the last 25 % of the steps", final_policy=PrecisionPolicy.fp8(),
-        final_fraction=0.25),
+    "mxfp4-signed-hadamard-bf16-last2-then-fp8-last25": Arm.of(
+        PrecisionSchedule.mxfp4_then_fp8(), "keyed random-sign Hadamard (hadamard_seed=0), the last 2 blocks BF16, "
+        "then FP8 current scaling for the last 25 % of the steps"),
     "mxfp4-then-bf16": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then BF16 for the last 10 % of the steps",
                            final_policy=PrecisionPolicy.bf16(), final_fraction=0.1),
 }
