@@ -932,24 +932,54 @@ def test_varlen_non_finite_outside_a_sequence_stays_out(token):
     _assert_grads_equal_except_at(grads, clean_grads, key_index=token)
 
 
-def test_kernel_implementations_take_the_reference_when_keys_or_values_are_not_finite(cudnn_emulated_by_jax_xla):
-    """The cuDNN adapter (run through jax.nn's xla path here) would spread a masked NaN; the declared
-    implementation switches to the reference when any key or value is not finite."""
+def test_kernel_implementations_keep_masked_non_finite_values_out(cudnn_emulated_by_jax_xla):
+    """The cuDNN adapter (run through jax.nn's xla path here) would spread a masked NaN. The declared
+    implementation runs it on keys and values whose non-finite elements are replaced by 0: rows that cannot see
+    the NaN get the kernel's clean output bit for bit, rows that see it the reference's NaN, and the gradients of
+    a loss on the clean rows are the kernel's clean gradients bit for bit (the poisoned value's own aside)."""
     q, k, v = qkv(batch=1, sq=6, sk=6, seed=330)
     _, v_bad = _poisoned(k, v, "v", np.nan, (0, 3))
     operands, params = attention.flash_attn_call(q, k, v_bad, dropout_p=0.0, softmax_scale=None, causal=True,
                                                  window_size=(-1, -1), bias=None, alibi_slopes=None,
                                                  deterministic=False, return_lse=False, dropout_key=None)
+    assert len(operands) == 3
     declared = next(i for i in _backend.implementations(FLASH_ATTN) if i.name == "cudnn").fn
-    assert np.isnan(np.asarray(_cudnn.flash_attn(*operands, **params))[:, :3]).any()  # the raw kernel spreads it
-    out = np.asarray(jax.jit(lambda *a: declared(*a, **params))(*operands))
-    np.testing.assert_array_equal(out[:, :3], np.asarray(flash_attn_func(q, k, v, causal=True))[:, :3])
-    # The gradients are the reference's too: those of a loss on the rows that cannot see the NaN are finite
-    # and equal the clean call's (the poisoned value's own gradient aside).
+    kernel = jax.jit(lambda *a: _cudnn.flash_attn(*a, **params))
+    guarded = jax.jit(lambda *a: declared(*a, **params))
+    assert np.isnan(np.asarray(kernel(*operands))[:, :3]).any()  # the raw kernel spreads it
+    out, clean = np.asarray(guarded(*operands)), np.asarray(kernel(q, k, v))
+    np.testing.assert_array_equal(out[:, :3], clean[:, :3])
+    reference = np.asarray(flash_attn_func(q, k, v_bad, causal=True))  # the CPU default: the reference
+    assert np.isnan(reference[:, 3:]).all()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(reference))
     rows = (slice(None), slice(0, 3))
-    _, grads = _loss_and_grads(jax.jit(lambda *a: declared(*a, **params)), q, k, v_bad, rows)
-    _, clean_grads = _loss_and_grads(lambda *a: flash_attn_func(*a, causal=True), q, k, v, rows)
-    _assert_grads_equal_except_at(grads, clean_grads, key_index=(0, 3))
+    _, grads = _loss_and_grads(guarded, q, k, v_bad, rows)
+    _, clean_grads = _loss_and_grads(kernel, q, k, v, rows)
+    for i, (got, want) in enumerate(zip(grads, clean_grads)):
+        got, want = np.array(got), np.array(want)
+        if i == 2:
+            got[0, 3] = want[0, 3] = 0
+        assert np.isfinite(got).all()
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("where", ["k", "v"])
+def test_kernel_implementations_give_the_reference_non_finite_elements(cudnn_emulated_by_jax_xla, where):
+    """An Inf key or value inside a window: every output element that the reference makes NaN or Inf is the
+    reference's, every other one the kernel's on the clean inputs."""
+    q, k, v = qkv(batch=2, sq=8, sk=8, seed=334)
+    k_bad, v_bad = _poisoned(k, v, where, np.inf, (1, 5))
+    call = dict(dropout_p=0.0, softmax_scale=None, causal=False, window_size=(2, 0), bias=None, alibi_slopes=None,
+                deterministic=False, return_lse=False, dropout_key=None)
+    operands, params = attention.flash_attn_call(q, k_bad, v_bad, **call)
+    declared = next(i for i in _backend.implementations(FLASH_ATTN) if i.name == "cudnn").fn
+    got = np.asarray(jax.jit(lambda *a: declared(*a, **params))(*operands))
+    clean = np.asarray(jax.jit(lambda *a: _cudnn.flash_attn(*a, **params))(q, k, v))
+    reference = np.asarray(flash_attn_func(q, k_bad, v_bad, **call))
+    bad = ~np.isfinite(reference)
+    assert bad[1, 5:].all() and not bad[0].any() and not bad[1, :5].any()  # queries 5..7 see key 5
+    np.testing.assert_array_equal(got[bad], reference[bad])
+    np.testing.assert_array_equal(got[~bad], clean[~bad])
 
 
 def test_kernel_implementations_keep_the_kernels_results_when_everything_is_finite(cudnn_emulated_by_jax_xla):
@@ -979,7 +1009,7 @@ def test_cudnn_masked_non_finite_on_cuda():
     q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in qkv(batch=1, sq=128, sk=128, hq=8, hk=2, dim=64, seed=340))
     v_bad = v.at[0, 64].set(jnp.nan)
     fn = jax.jit(lambda q, k, v: flash_attn_func(q, k, v, causal=True))  # default: cuDNN
-    # With a NaN value the call takes the reference: rows that cannot see it equal the reference's clean rows.
+    # Rows that cannot see the NaN value equal the reference's clean rows (cuDNN on the clean keys and values).
     with use_backend(flash_attn="xla"):
         reference = np.asarray(jax.jit(lambda q, k, v: flash_attn_func(q, k, v, causal=True))(q, k, v))
     bad = np.asarray(fn(q, k, v_bad))

@@ -293,7 +293,7 @@ def train_arm(setup: Setup, data: Data, name: str, arm: Arm, *,
     init_sha256 = _sha256(jax.tree.leaves(jax.device_get(params)))
     opt_state = tiny_llama.adam_init(params)
     final_from = arm.final_from(cfg.steps)
-    phases = [policy] if arm.final_policy is None else [policy, arm.final_policy]
+    phases = arm.schedule.policies
     step_fns = [jax.jit(make_step(setup, p, jax.random.fold_in(base_key, 1)), donate_argnums=(0, 1)) for p in phases]
     eval_fns = [jax.jit(functools.partial(_eval_loss, cfg=cfg, policy=p)) for p in phases]
     held_out = [jnp.asarray(b) for b in data.held_out]

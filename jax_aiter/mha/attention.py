@@ -263,26 +263,56 @@ def _all_finite(x: jax.Array) -> jax.Array:
     return jnp.isfinite(jnp.sum(x * jnp.zeros((), x.dtype), dtype=jnp.float32))
 
 
-def _reference_unless_finite(kernel, reference):
-    """``kernel`` when every key and value is finite, else ``reference``. Masked means absent: a key or value a
-    query may not see must not reach its output or gradients, even when it is NaN or Inf, and a kernel that
-    multiplies it by a zero weight would spread the NaN. The reference keeps masked entries out exactly; it is
-    rematerialized in the backward pass, so the kernel path stores only its own residuals."""
+def _finite_or_zero(x: jax.Array) -> jax.Array:
+    return jnp.where(jnp.isfinite(x), x, jnp.zeros((), x.dtype))
+
+
+def _non_finite_kept_out(kernel, reference):
+    """``kernel`` on keys and values whose non-finite elements are replaced by 0, and the reference's results
+    wherever the reference's are not finite. Masked means absent: a key or value a query may not see must not
+    reach its output or gradients, even when it is NaN or Inf, and a kernel that multiplies it by a zero weight
+    would spread the NaN. So the kernel sees only finite keys and values: a query row that cannot see the
+    replaced elements gets the kernel's own result, bit for bit the clean call's. A row that can see them gets
+    the reference's NaN or Inf, computed in a forward conditional taken only when some key or value is not
+    finite. The backward is the kernel's own, with no conditional: the gradients of a loss on the rows that
+    cannot see a non-finite key or value are those of the clean call (the replaced elements' own gradients
+    aside), and a NaN cotangent of a row that sees one spreads as through any kernel."""
 
     def attention(*operands, options: AttentionOptions):
-        _, k, v = operands[:3]
-        finite = _all_finite(k) & _all_finite(v)
-        exact = jax.checkpoint(functools.partial(reference, options=options))
-        return _cond_in_row_major(finite, functools.partial(kernel, options=options), exact, *operands)
+        kernel_fn = functools.partial(kernel, options=options)
+        reference_fn = functools.partial(reference, options=options)
+
+        def finite_operands(q, k, v, *rest):
+            return (q, _finite_or_zero(k), _finite_or_zero(v), *rest)
+
+        def with_reference_where_not_finite(results, *operands):
+            return jax.tree.map(lambda got, exact: jnp.where(jnp.isfinite(exact), got, exact), results,
+                                reference_fn(*operands))
+
+        def keep_out(results, operands):
+            finite = _all_finite(operands[1]) & _all_finite(operands[2])
+            return _cond_in_row_major(finite, lambda results, *_: results, with_reference_where_not_finite, results,
+                                      *operands)
+
+        @jax.custom_vjp
+        def guarded(*operands):
+            return keep_out(kernel_fn(*finite_operands(*operands)), operands)
+
+        def forward(*operands):
+            results, kernel_vjp = jax.vjp(kernel_fn, *finite_operands(*operands))
+            return keep_out(results, operands), kernel_vjp
+
+        guarded.defvjp(forward, lambda kernel_vjp, cotangents: kernel_vjp(cotangents))
+        return guarded(*operands)
 
     return attention
 
 
 def _cond_in_row_major(predicate, true_fn, false_fn, *operands):
     """``lax.cond`` whose operands and results cross the branch boundary as 1-D arrays. A conditional's results
-    take one layout for both branches, and XLA picked the one the reference's code prefers: the compiled
-    program (H200) transposed the kernel's dk and dv into it and back on every call. A 1-D array has a single
-    layout, so any relayout happens inside the rarely taken branch."""
+    take one layout for both branches, and XLA picked the one the reference's code prefers: a compiled program
+    (H200) transposed the kernel's results into it and back on every call. A 1-D array has a single layout, so
+    any relayout happens inside the rarely taken branch."""
     leaves, tree = jax.tree.flatten(operands)
     results = jax.eval_shape(true_fn, *operands)
     result_leaves, result_tree = jax.tree.flatten(results)
@@ -300,17 +330,17 @@ def _cond_in_row_major(predicate, true_fn, false_fn, *operands):
 # --- implementations ----------------------------------------------------------------------------------------
 
 _backend.define_op(FLASH_ATTN, example=_flash_attn_example, implementations=(
-    _backend.Implementation("aiter", _reference_unless_finite(_aiter.flash_attn, _xla_flash_attn), platforms=("rocm",),
+    _backend.Implementation("aiter", _non_finite_kept_out(_aiter.flash_attn, _xla_flash_attn), platforms=("rocm",),
                             library=MHA_LIBRARY, targets=(MHA_FWD, MHA_BWD), supports=_aiter.supports_flash_attn),
-    _backend.Implementation("cudnn", _reference_unless_finite(_cudnn.flash_attn, _xla_flash_attn),
+    _backend.Implementation("cudnn", _non_finite_kept_out(_cudnn.flash_attn, _xla_flash_attn),
                             platforms=("cuda",), supports=_cudnn.supports_flash_attn),
     _backend.Implementation("xla", _xla_flash_attn),
 ))
 _backend.define_op(FLASH_ATTN_VARLEN, example=_flash_attn_varlen_example, implementations=(
-    _backend.Implementation("aiter", _reference_unless_finite(_aiter.flash_attn_varlen, _xla_flash_attn_varlen),
+    _backend.Implementation("aiter", _non_finite_kept_out(_aiter.flash_attn_varlen, _xla_flash_attn_varlen),
                             platforms=("rocm",), library=MHA_LIBRARY, targets=(MHA_VARLEN_FWD, MHA_VARLEN_BWD),
                             supports=_aiter.supports_flash_attn_varlen),
-    _backend.Implementation("cudnn", _reference_unless_finite(_cudnn.flash_attn_varlen, _xla_flash_attn_varlen),
+    _backend.Implementation("cudnn", _non_finite_kept_out(_cudnn.flash_attn_varlen, _xla_flash_attn_varlen),
                             platforms=("cuda",), supports=_cudnn.supports_flash_attn_varlen),
     _backend.Implementation("xla", _xla_flash_attn_varlen),
 ))
