@@ -391,8 +391,8 @@ def _cudnn_available() -> bool:
 
 
 def _unguarded_cudnn(q, k, v):
-    """Our cuDNN adapter without the guard that sends non-finite keys/values to the reference: the guard's cost
-    is the difference to the default row."""
+    """Our cuDNN adapter without the handling that keeps masked non-finite keys/values out (attention.py,
+    ``_non_finite_kept_out``): that handling's cost is the difference to the default row."""
     from jax_aiter.mha import _cudnn, attention
 
     operands, params = attention.flash_attn_call(q, k, v, dropout_p=0.0, softmax_scale=None, causal=True,
