@@ -982,6 +982,34 @@ def test_kernel_implementations_give_the_reference_non_finite_elements(cudnn_emu
     np.testing.assert_array_equal(got[~bad], clean[~bad])
 
 
+def test_varlen_kernel_implementation_keeps_a_non_finite_value_in_its_sequence(cudnn_emulated_by_jax_xla):
+    """The packed call: a NaN value at token 5 (the second sequence, tokens 3..7, causal) reaches the rows 5..7 that
+    see it; every other row, and the gradients of a loss on them, are the kernel's clean ones bit for bit."""
+    cu = np.array([0, 3, 8], np.int32)
+    q, k, v = rand((8, 4, 8), 335), rand((8, 2, 8), 336), rand((8, 2, 8), 337)
+    v_bad = np.array(v)
+    v_bad[5] = np.nan
+    operands, params = attention.flash_attn_varlen_call(
+        q, k, v_bad, cu, cu, 5, 5, dropout_p=0.0, softmax_scale=None, causal=True, window_size=(-1, -1), bias=None,
+        alibi_slopes=None, deterministic=False, return_lse=False, dropout_key=None)
+    offsets = operands[3:]
+    declared = next(i for i in _backend.implementations(FLASH_ATTN_VARLEN) if i.name == "cudnn").fn
+    guarded = jax.jit(lambda q, k, v: declared(q, k, v, *offsets, **params))
+    kernel = jax.jit(lambda q, k, v: _cudnn.flash_attn_varlen(q, k, v, *offsets, **params))
+    out, clean = np.asarray(guarded(q, k, v_bad)), np.asarray(kernel(q, k, v))
+    np.testing.assert_array_equal(out[:5], clean[:5])
+    assert np.isnan(out[5:]).all()
+    rows = slice(0, 5)
+    _, grads = _loss_and_grads(guarded, q, k, v_bad, rows)
+    _, clean_grads = _loss_and_grads(kernel, q, k, v, rows)
+    for i, (got, want) in enumerate(zip(grads, clean_grads)):
+        got, want = np.array(got), np.array(want)
+        if i == 2:
+            got[5] = want[5] = 0
+        assert np.isfinite(got).all()
+        np.testing.assert_array_equal(got, want)
+
+
 def test_kernel_implementations_keep_the_kernels_results_when_everything_is_finite(cudnn_emulated_by_jax_xla):
     """With finite keys and values the guarded implementation returns the kernel's own output and gradients
     (bit for bit), and its bias gradient; integer operands get no cotangent."""
