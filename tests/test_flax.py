@@ -19,7 +19,7 @@ from jax_aiter.activation import silu_and_mul  # noqa: E402
 from jax_aiter.gemm import gemm  # noqa: E402
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, WeightWorkspace, gemm_fp4_bf16  # noqa: E402
 from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8  # noqa: E402
-from jax_aiter.precision import PrecisionPolicy  # noqa: E402
+from jax_aiter.precision import PrecisionPolicy, PrecisionSchedule  # noqa: E402
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add  # noqa: E402
 
 MIXED = Mxfp4Recipe(activation_scale_rule="floor", fprop_hadamard=32, dgrad_hadamard=16, hadamard_seed=7)
@@ -308,3 +308,25 @@ def test_demo_model_from_layers_equals_the_functional_definition():
         tiny_llama.TinyLlama(cfg, policy=Mxfp4Recipe.default(), rngs=nnx.Rngs(0))
     short = tiny_llama.Config(steps=3)
     assert tiny_llama.train(short, use_flax=True) == tiny_llama.train(short, use_flax=False)
+
+
+def test_demo_training_takes_a_schedule_with_flax_and_without():
+    pytest.importorskip("jax_aiter.mha")
+    from jax_aiter.examples import tiny_llama
+
+    cfg = tiny_llama.Config(steps=4, batch=2, seq_len=16)
+    schedule = PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.fp8(), final_fraction=0.5)
+    losses = tiny_llama.train(cfg, schedule, use_flax=True)
+    assert losses == tiny_llama.train(cfg, schedule, use_flax=False)
+    # The first half trains as the MXFP4 policy alone; the closing half's losses are FP8's, on those weights.
+    alone = tiny_llama.train(cfg, PrecisionPolicy.mxfp4(), use_flax=True)
+    assert losses[:2] == alone[:2] and losses[2] != alone[2] and losses[3] != alone[3]
+    params = tiny_llama.init_params(cfg, jax.random.key(cfg.seed))
+    opt_state = tiny_llama.adam_init(params)
+    key = jax.random.key(cfg.seed)
+    for i, policy in enumerate([PrecisionPolicy.mxfp4()] * 2 + [PrecisionPolicy.fp8()] * 2):
+        step = tiny_llama.make_train_step(cfg, policy)
+        params, opt_state, loss = step(params, opt_state, jax.random.fold_in(key, i))
+        assert float(loss) == losses[i], i
+    with pytest.raises(TypeError, match="^policy must be a PrecisionPolicy, a PrecisionSchedule or None"):
+        tiny_llama.train(cfg, Mxfp4Recipe.default())

@@ -13,7 +13,8 @@ RMSNorm -> LM head. Two definitions of the same model, which compute the same fu
   run on it without Flax.
 
 Both take a ``jax_aiter.precision.PrecisionPolicy`` (default: every projection BF16) and start from
-:func:`init_params`, so a run trains the same weights whichever definition it uses.
+:func:`init_params`, so a run trains the same weights whichever definition it uses; :func:`train` also takes a
+``PrecisionSchedule`` (a closing phase in another policy).
 
 Task ("arithmetic sequences"): each sequence is ``t_i = (start + i * stride) mod vocab`` with a random start and
 stride per sequence. The first token carries no information about the stride, later tokens are predictable
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 
 from jax_aiter.activation import silu_and_mul
 from jax_aiter.gemm_fp8 import Fp8Recipe
-from jax_aiter.precision import PrecisionPolicy, Recipe, project
+from jax_aiter.precision import PrecisionPolicy, PrecisionSchedule, Recipe, project
 from jax_aiter.rmsnorm import rms_norm_with_add
 
 try:
@@ -285,37 +286,64 @@ if HAS_FLAX:
         return step
 
 
-def train(cfg: Config, policy: PrecisionPolicy | None = None, on_step: Callable[[int, float], None] | None = None,
-          *, use_flax: bool | None = None) -> list[float]:
+def train(cfg: Config, policy: PrecisionPolicy | PrecisionSchedule | None = None,
+          on_step: Callable[[int, float], None] | None = None, *, use_flax: bool | None = None) -> list[float]:
     """Train on the arithmetic task from ``cfg.seed`` and return the loss of every step (same weights and data
     order for every policy).
 
-    ``policy``: the precision of each projection (default: every projection BF16). ``use_flax``: the
-    ``TinyLlama`` module (default when Flax is installed) or the functional :func:`forward` (``False``, or Flax
-    absent); both train alike.
+    ``policy``: the precision of each projection (default: every projection BF16), or a ``PrecisionSchedule``,
+    whose closing policy trains the last steps (one compiled step per policy; the weights and the optimizer
+    state carry over). ``use_flax``: the ``TinyLlama`` module (default when Flax is installed) or the functional
+    :func:`forward` (``False``, or Flax absent); both train alike.
     """
     use_flax = HAS_FLAX if use_flax is None else use_flax
     if use_flax and not HAS_FLAX:
         raise ModuleNotFoundError("use_flax=True needs Flax: pip install 'jax-aiter[flax]'", name="flax")
+    if policy is None or isinstance(policy, PrecisionPolicy):
+        schedule = PrecisionSchedule(PrecisionPolicy.bf16() if policy is None else policy)
+    elif isinstance(policy, PrecisionSchedule):
+        schedule = policy
+    else:
+        raise TypeError(f"policy must be a PrecisionPolicy, a PrecisionSchedule or None, got {type(policy).__name__}")
+    final_from = schedule.final_from(cfg.steps)
     key = jax.random.key(cfg.seed)
     params = init_params(cfg, key)
     if use_flax:
-        model = TinyLlama(cfg, policy=policy, rngs=nnx.Rngs(cfg.seed)).load(params)
-        graphdef, state, rest = nnx.split(model, nnx.Param, ...)
-        flax_step = make_flax_train_step(cfg, graphdef)
-        carry = (state, rest)  # rest: the non-parameter state (stochastic-rounding stream counters)
+        # One model per policy from the same weights. The parameters' tree is the same whatever layer class each
+        # projection gets, so the trained parameters and the optimizer state pass on to the closing phase's
+        # model; the rest (stochastic-rounding stream counters) is each model's own.
+        splits = [nnx.split(TinyLlama(cfg, policy=p, rngs=nnx.Rngs(cfg.seed)).load(params), nnx.Param, ...)
+                  for p in schedule.policies]
 
-        def step(carry, opt_state, key):
-            state, rest, opt_state, loss = flax_step(*carry, opt_state, key)
-            return (state, rest), opt_state, loss
+        def flax_step(graphdef):
+            flax_train_step = make_flax_train_step(cfg, graphdef)
 
-        opt_state = adam_init(state)
+            def step(carry, opt_state, key):
+                state, rest, opt_state, loss = flax_train_step(*carry, opt_state, key)
+                return (state, rest), opt_state, loss
+
+            return step
+
+        steps = [flax_step(graphdef) for graphdef, _, _ in splits]
+        carry = splits[0][1:]
     else:
-        carry, step = params, make_train_step(cfg, policy)
-        opt_state = adam_init(params)
+        steps = [make_train_step(cfg, p) for p in schedule.policies]
+        carry = params
+    opt_state = adam_init(carry[0] if use_flax else carry)
     losses = []
     for i in range(cfg.steps):
-        carry, opt_state, loss = step(carry, opt_state, jax.random.fold_in(key, i))
+        if use_flax and i == final_from:
+            carry = (carry[0], splits[1][2])
+        carry, opt_state, loss = steps[int(i >= final_from)](carry, opt_state, jax.random.fold_in(key, i))
+        losses.append(float(loss))
+        if on_step is not None:
+            on_step(i, losses[-1])
+    return losses
+    steps = [make_train_step(cfg, phase_policy) for phase_policy in schedule.policies]
+    opt_state = adam_init(params)
+    losses = []
+    for i in range(cfg.steps):
+        params, opt_state, loss = steps[int(i >= final_from)](params, opt_state, jax.random.fold_in(key, i))
         losses.append(float(loss))
         if on_step is not None:
             on_step(i, losses[-1])
