@@ -88,6 +88,13 @@ def test_seed_summary_is_the_paired_mean_and_spread():
     assert (row["held_out_gap_min"], row["held_out_gap_max"]) == pytest.approx((0.01, 0.04), rel=1e-12)
     assert row["step_time_ratio_mean"] == pytest.approx(2.0)
     assert summary["seeds"] == [0, 1, 2] and summary["directories"] == ["seed-0", "seed-1", "seed-2"]
+    assert row["seeds"] == [0, 1, 2]
+    # An arm trained in seeds 0 and 2 only is summarized over those two; one trained in a single seed is not.
+    tables[0]["fp8"] = tables[2]["fp8"] = {**tables[0]["mxfp4"], "held_out_gap": 0.002}
+    tables[1]["mxfp4-all"] = tables[1]["mxfp4"]
+    summary = convergence.seed_summary(tables)
+    assert list(summary["arms"]) == ["bf16", "mxfp4", "fp8"] and summary["arms"]["fp8"]["seeds"] == [0, 2]
+    assert summary["arms"]["fp8"]["held_out_gap_per_seed"] == [0.002, 0.002]
     with pytest.raises(ValueError, match="at least two seeds"):
         convergence.seed_summary({0: tables[0]})
 

@@ -445,9 +445,10 @@ def seed_directory(seed: int) -> str:
     return f"seed-{seed}"
 
 
-SEED_SUMMARY_DEFINITION = ("over seeds: each seed trains every arm from its own weights and data order, and each "
-                           "arm's gap is taken to the BF16 arm of the same seed (paired); mean, sample standard "
-                           "deviation, standard error of the mean (std / sqrt(seeds)), smallest and largest gap")
+SEED_SUMMARY_DEFINITION = ("over seeds: each seed trains its arms from its own weights and data order, and each "
+                           "arm's gap is taken to the BF16 arm of the same seed (paired); per arm, over the seeds "
+                           "that trained it (two or more): mean, sample standard deviation, standard error of the "
+                           "mean (std / sqrt(seeds)), smallest and largest gap")
 
 
 def seed_tables(out_dir: Path, setup: Setup, corpus: dict) -> dict[int, dict[str, dict]]:
@@ -469,23 +470,24 @@ def seed_tables(out_dir: Path, setup: Setup, corpus: dict) -> dict[int, dict[str
 
 def seed_summary(tables: dict[int, dict[str, dict]]) -> dict:
     """The paired gaps of several seeds. ``tables`` maps each seed to its :func:`gaps` table; every arm with a gap
-    in every seed is summarized (held-out and train gap: per-seed values, mean, sample std, standard error, min,
-    max; the mean step-time ratio). Needs two seeds or more."""
+    in two seeds or more is summarized over those seeds (``seeds``; held-out and train gap: per-seed values, mean,
+    sample std, standard error, min, max; the mean step-time ratio). Needs two seeds or more."""
     if len(tables) < 2:
         raise ValueError(f"a summary over seeds needs at least two seeds, got {len(tables)}")
     seeds = list(tables)
-    names = [name for name in tables[seeds[0]]
-             if all(tables[s].get(name, {}).get("held_out_gap") is not None for s in seeds)]
     arms = {}
-    for name in names:
-        row = {}
+    for name in dict.fromkeys(name for seed in seeds for name in tables[seed]):
+        trained = [s for s in seeds if tables[s].get(name, {}).get("held_out_gap") is not None]
+        if len(trained) < 2:
+            continue
+        row = {"seeds": trained}
         for kind in ("held_out_gap", "train_gap"):
-            values = [tables[s][name][kind] for s in seeds]
+            values = [tables[s][name][kind] for s in trained]
             std = statistics.stdev(values)
             row.update({f"{kind}_per_seed": values, f"{kind}_mean": statistics.fmean(values), f"{kind}_std": std,
                         f"{kind}_stderr": std / math.sqrt(len(values)), f"{kind}_min": min(values),
                         f"{kind}_max": max(values)})
-        row["step_time_ratio_mean"] = statistics.fmean(tables[s][name]["step_time_ratio"] for s in seeds)
+        row["step_time_ratio_mean"] = statistics.fmean(tables[s][name]["step_time_ratio"] for s in trained)
         arms[name] = row
     return {"seeds": seeds, "definition": SEED_SUMMARY_DEFINITION, "gap_definition": GAP_DEFINITION,
             "directories": [seed_directory(s) for s in seeds], "arms": arms}
