@@ -354,6 +354,11 @@ def main(argv: list[str] | None = None) -> int:
     recipe.add_argument("--eod-id", type=_at_least(0), help="end-of-document token id of --data's preprocessing")
     recipe.add_argument("--dump-hlo", action="store_true", help="dump the training step's HLO to OUT/hlo")
     recipe.add_argument("--set", action="append", metavar="KEY=VALUE", help="a MaxText override (repeatable)")
+    recipe.add_argument("--final-mode", choices=list(MODES),
+                        help="a closing phase: the last steps in this mode, resumed from a checkpoint "
+                        "(jax_aiter.precision.PrecisionSchedule)")
+    recipe.add_argument("--final-fraction", type=float, metavar="F",
+                        help="the closing phase's fraction of the steps (with --final-mode; default 0.25)")
     recipe.add_argument("--dry-run", action="store_true",
                         help="print the resolved MaxText arguments, XLA flags and environment; import no jax")
     recipe.set_defaults(run=cmd_recipe)

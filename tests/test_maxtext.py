@@ -87,6 +87,64 @@ def test_dry_run_banner_of_each_mode(recipe, mode, tmp_path):
     assert "  DECOUPLE_GCLOUD=TRUE" in lines
 
 
+def test_dry_run_banner_of_a_closing_phase(tmp_path):
+    out = _dry_run("cpu-tiny", "--mode", "mxfp4", "--final-mode", "fp8", "--out", str(tmp_path / "run"))
+    lines = out.splitlines()
+    assert lines[0] == "jax-aiter recipe cpu-tiny --mode mxfp4 --final-mode fp8 --final-fraction 0.25"
+    # 12 steps, the last round(12 * 0.25) = 3 in FP8.
+    assert "  steps        12 (steps 0-8 in mode mxfp4, then a closing phase)" in lines
+    assert any(line.startswith("  closing      steps 9-11: mode fp8, PrecisionPolicy.fp8()") for line in lines)
+    closing = lines[lines.index("MaxText arguments of the closing phase, where they differ:") + 1:
+                    lines.index("XLA flags:")]
+    assert closing == ["  steps=12", f"  mllog_file={tmp_path / 'run' / 'mllog-closing.txt'}",
+                       "  save_checkpoint_on_completion=false"]
+
+
+def test_resolve_a_closing_phase():
+    from jax_aiter.precision import PrecisionPolicy, PrecisionSchedule
+
+    r = resolve("cpu-tiny", "mxfp4", "/runs/a", final_mode="fp8", final_fraction=0.25)
+    assert (r.phase_modes, r.final_from, r.steps) == (("mxfp4", "fp8"), 9, 12)
+    first, closing = dict(r.phase_overrides(0)), dict(r.phase_overrides(1))
+    assert (first["steps"], closing["steps"]) == ("9", "12")
+    assert (first["save_checkpoint_on_completion"], closing["save_checkpoint_on_completion"]) == ("true", "false")
+    assert (first["mllog_file"], closing["mllog_file"]) == ("/runs/a/mllog.txt", "/runs/a/mllog-closing.txt")
+    same = ("run_name", "base_output_directory", "enable_checkpointing", "async_checkpointing",
+            "save_checkpoint_on_start", "checkpoint_period", "learning_rate_schedule_steps")
+    assert [first[k] for k in same] == [closing[k] for k in same] == [
+        "cpu-tiny-mxfp4-then-fp8", "/runs/a/maxtext", "true", "false", "false", "13", "12"]
+    assert r.maxtext_argv(1)[2:] == [f"{k}={v}" for k, v in r.phase_overrides(1)]
+    assert [p["mode"] for p in r.as_json()["phases"]] == ["mxfp4", "fp8"]
+    with pytest.raises(ValueError, match=r"phase must be in \[0, 2\)"):
+        r.phase_overrides(2)
+    # The recipe's own schedule length stays (llama3.1-8b decays over 37500 steps, whatever --steps says).
+    llama = resolve("llama3.1-8b", "mxfp4", "/runs/b", steps=1000, final_mode="bf16", final_fraction=0.1)
+    assert dict(llama.phase_overrides(0))["learning_rate_schedule_steps"] == "37500"
+    assert dict(llama.phase_overrides(0))["steps"] == "900"
+    # The first closing step is PrecisionSchedule's.
+    for steps, fraction in ((12, 0.25), (1000, 0.1), (7, 0.5), (2000, 0.25), (3, 0.34)):
+        schedule = PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.fp8(), fraction)
+        run = resolve("cpu-tiny", "mxfp4", "/runs/c", steps=steps, final_mode="fp8", final_fraction=fraction)
+        assert run.final_from == schedule.final_from(steps), (steps, fraction)
+    # Without a closing phase nothing changes: one process, the overrides as they are, no checkpoint.
+    plain = resolve("cpu-tiny", "mxfp4", "/runs/d")
+    assert plain.phase_modes == ("mxfp4",) and plain.phase_overrides(0) == plain.overrides
+    assert dict(plain.overrides)["enable_checkpointing"] == "false"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(final_fraction=0.25), "a closing phase needs final_mode too"),
+    (dict(final_mode="nvfp4", final_fraction=0.25), "final_mode must be one of"),
+    (dict(final_mode="fp8"), r"final_fraction must be a number in \(0, 1\)"),
+    (dict(final_mode="fp8", final_fraction=1.0), r"final_fraction must be a number in \(0, 1\)"),
+    (dict(final_mode="fp8", final_fraction=True), r"final_fraction must be a number in \(0, 1\)"),
+    (dict(final_mode="fp8", final_fraction=0.01), "0.01 of 12 steps leaves a phase without steps"),
+])
+def test_resolve_rejects_a_bad_closing_phase(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        resolve("cpu-tiny", "mxfp4", "unused", **kwargs)
+
+
 def test_llama_schedule_matches_the_mlperf_reference_point():
     """Global batch 32 (8 x 4): mlperf-logging's llama31_8b_ref_32 warms up over 4096 samples, and the closed
     rules decay over 1,200,000 samples; MaxText's warmup is int(schedule_steps * warmup_steps_fraction)."""
@@ -279,17 +337,18 @@ def test_attention_refuses_rows_of_several_segments(integration, config, message
 
 @pytest.fixture(scope="module")
 def tiny_runs(tmp_path_factory):
-    """The out directory of `jax-aiter recipe cpu-tiny --mode M --dump-hlo` per mode, each run once."""
+    """The out directory of `jax-aiter recipe cpu-tiny --mode M --dump-hlo [closing-phase options]` per mode
+    and options, each run once."""
     pytest.importorskip("maxtext")
     pytest.importorskip("mlperf_logging")
     base = tmp_path_factory.mktemp("maxtext")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
 
     @functools.cache
-    def out(mode: str):
-        folder = base / mode
+    def out(mode: str, *closing: str):
+        folder = base / "-".join((mode, *closing))
         done = subprocess.run([sys.executable, "-m", "jax_aiter.cli", "recipe", "cpu-tiny", "--mode", mode,
-                               "--out", str(folder), "--dump-hlo"], capture_output=True, text=True, env=env,
+                               "--out", str(folder), "--dump-hlo", *closing], capture_output=True, text=True, env=env,
                               timeout=900)
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
         return folder
@@ -380,3 +439,39 @@ def test_tiny_mlperf_log_parses_and_checks(tiny_runs):
                           cwd=log.parent)
     failed = set(re.findall(r"CHECK for '(\w+)' failed", done.stdout + done.stderr))
     assert failed == _LLAMA_ONLY_RULES, done.stdout[-3000:]
+
+
+def _train_losses(log) -> list[float]:
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+
+    lines, errors = parse_file(str(log), ruleset="6.0.0")
+    assert not errors
+    return [line.value["value"]["reduced_train_loss"] for line in lines
+            if line.key == "tracked_stats" and "reduced_train_loss" in line.value["value"]]
+
+
+@pytest.mark.maxtext
+@pytest.mark.slow
+def test_tiny_recipe_closing_phase_resumes_from_the_checkpoint_in_its_mode(tiny_runs):
+    """--mode mxfp4 --final-mode fp8 (12 steps, the last 3 in FP8): the first process trains steps 0-8 exactly
+    as the one-phase MXFP4 run does (same program, same learning-rate schedule over 12 steps) and checkpoints;
+    the second restores it and trains steps 9-11 through gemm_fp8. Its losses continue the MXFP4 run's, within
+    a factor 2 (a re-initialized model would start near ln(384) = 5.95; with these seeds 0.033-0.026 against
+    MXFP4's 0.041-0.032), and differ from them, being another precision's."""
+    from mlperf_logging.compliance_checker.mlp_parser import parse_file
+
+    folder = tiny_runs("mxfp4", "--final-mode", "fp8")
+    mxfp4 = _train_losses(tiny_runs("mxfp4") / "mllog.txt")
+    first, closing = _train_losses(folder / "mllog.txt"), _train_losses(folder / "mllog-closing.txt")
+    assert len(mxfp4) == 12 and first == mxfp4[:9]
+    assert len(closing) == 3
+    for got, mxfp4_loss in zip(closing, mxfp4[9:], strict=True):
+        assert got != mxfp4_loss and mxfp4_loss / 2 < got < 2 * mxfp4_loss, (closing, mxfp4[9:])
+    log = (folder / "train.log").read_text()
+    assert "jax-aiter recipe: closing phase, steps 9-11 in mode fp8, resumed from the checkpoint of step 8" in log
+    assert "restoring from this run's directory step 8" in log
+    lines, _ = parse_file(str(folder / "mllog-closing.txt"), ruleset="6.0.0")
+    values = {line.key: line.value["value"] for line in lines}
+    assert values["lowest_numerical_precision_in_linear"] == "fp8"
+    programs = [path.read_text() for path in (folder / "hlo").glob("*jit_train_step*.cpu_after_optimizations.txt")]
+    assert any("f8e4m3fn" in text and "/AiterDotGeneral/" in text for text in programs)

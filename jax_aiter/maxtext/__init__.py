@@ -7,8 +7,9 @@ MaxText functions, checked against the MaxText versions it was tested with (:dat
 :func:`disable` puts them back.
 
 ``jax-aiter recipe RECIPE --mode mxfp4|fp8|bf16 --out DIR`` runs a recipe (:data:`RECIPES`: ``llama3.1-8b`` on 8
-GPUs, ``gpu-small`` on one GPU, ``cpu-tiny`` on 8 virtual CPU devices); ``--dry-run`` prints the resolved MaxText
-arguments, XLA flags and environment without importing jax. This module imports neither jax nor MaxText until a
+GPUs, ``gpu-small`` on one GPU, ``cpu-tiny`` on 8 virtual CPU devices); ``--final-mode M`` adds a closing phase
+in mode M (a second training process resumed from the first one's checkpoint); ``--dry-run`` prints the resolved
+MaxText arguments, XLA flags and environment without importing jax. This module imports neither jax nor MaxText until a
 function that needs them is called.
 """
 

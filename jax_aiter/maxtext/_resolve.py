@@ -190,6 +190,10 @@ class RecipeRun:
     overrides: tuple[tuple[str, str], ...]
     xla_flags: tuple[str, ...]
     environment: tuple[tuple[str, str], ...]
+    # A closing phase: steps final_from .. steps-1 in final_mode, resumed from the first phase's checkpoint.
+    final_mode: str | None = None
+    final_fraction: float | None = None
+    final_from: int | None = None
 
     @property
     def policy_constructor(self) -> str:
@@ -199,13 +203,34 @@ class RecipeRun:
     def mlperf_linear_precision(self) -> str:
         return MODES[self.mode][2]
 
+    @property
+    def phase_modes(self) -> tuple[str, ...]:
+        """The mode of each training process in order: one, or two with a closing phase."""
+        return (self.mode,) if self.final_mode is None else (self.mode, self.final_mode)
+
     def override(self, key: str) -> str:
         return dict(self.overrides)[key]
 
-    def maxtext_argv(self) -> list[str]:
-        """MaxText's ``train.main`` argv: the program name, base.yml, then the ``key=value`` overrides."""
+    def phase_overrides(self, phase: int = 0) -> tuple[tuple[str, str], ...]:
+        """The MaxText overrides of training process ``phase``: :attr:`overrides`, and with a closing phase the
+        first phase's ``steps`` (``final_from``), its checkpoint on completion, and the closing phase's MLPerf log
+        of its own (``mllog-closing.txt``)."""
+        if not 0 <= phase < len(self.phase_modes):
+            raise ValueError(f"phase must be in [0, {len(self.phase_modes)}), got {phase!r}")
+        if self.final_mode is None:
+            return self.overrides
+        merged = dict(self.overrides)
+        if phase == 0:
+            merged.update(steps=str(self.final_from), save_checkpoint_on_completion="true")
+        else:
+            merged.update(save_checkpoint_on_completion="false", mllog_file=str(self.out / "mllog-closing.txt"))
+        return tuple(merged.items())
+
+    def maxtext_argv(self, phase: int = 0) -> list[str]:
+        """MaxText's ``train.main`` argv of training process ``phase``: the program name, base.yml, then the
+        ``key=value`` overrides."""
         config = str(self.maxtext_config) if self.maxtext_config else "<maxtext>/configs/base.yml"
-        return ["", config, *(f"{key}={value}" for key, value in self.overrides)]
+        return ["", config, *(f"{key}={value}" for key, value in self.phase_overrides(phase))]
 
     def banner(self) -> str:
         r = self.recipe
@@ -218,7 +243,9 @@ class RecipeRun:
                 if self.data else
                 "synthetic (MaxText dataset_type=synthetic: one fixed batch of random tokens)")
         lines = [
-            f"jax-aiter recipe {r.name} --mode {self.mode}",
+            f"jax-aiter recipe {r.name} --mode {self.mode}" + ("" if self.final_mode is None else
+                                                                f" --final-mode {self.final_mode} --final-fraction "
+                                                                f"{self.final_fraction:g}"),
             f"  model        {r.summary}",
             f"  projections  {MODES[self.mode][1]}",
             f"               {_HEAD}",
@@ -229,11 +256,22 @@ class RecipeRun:
             f"  batch        per device {r.per_device_batch}, global {global_batch} sequences of {r.seq_len} tokens",
             "  dtypes       compute bfloat16, weights float32, gradients float32, AdamW moments float32",
             f"  data         {data}",
-            f"  steps        {self.steps}",
+            f"  steps        {self.steps}" + ("" if self.final_mode is None else
+                                              f" (steps 0-{self.final_from - 1} in mode {self.mode}, then a "
+                                              "closing phase)"),
+            *(() if self.final_mode is None else (
+                f"  closing      steps {self.final_from}-{self.steps - 1}: mode {self.final_mode}, "
+                f"{MODES[self.final_mode][1]}",
+                f"               a second training process resumes from the first one's checkpoint (step "
+                f"{self.final_from - 1}) in {self.override('base_output_directory')}")),
             f"  MaxText      {maxtext}",
             f"  output       {self.out}",
             "MaxText arguments (maxtext.trainers.pre_train.train.main argv):",
             *(f"  {arg}" for arg in self.maxtext_argv()[1:]),
+            *(() if self.final_mode is None else (
+                "MaxText arguments of the closing phase, where they differ:",
+                *(f"  {key}={value}" for key, value in self.phase_overrides(1)
+                  if dict(self.phase_overrides(0)).get(key) != value))),
             "XLA flags:",
             f"  XLA_FLAGS={' '.join(self.xla_flags)}",
             "environment:",
@@ -242,10 +280,12 @@ class RecipeRun:
         return "\n".join(lines) + "\n"
 
     def as_json(self) -> dict:
-        return {"recipe": self.recipe.name, "mode": self.mode, "out": str(self.out), "steps": self.steps,
-                "data": self.data, "eval_data": self.eval_data, "maxtext_version": self.maxtext_version,
-                "maxtext_argv": self.maxtext_argv(), "xla_flags": list(self.xla_flags),
-                "environment": dict(self.environment), "policy": self.policy_constructor}
+        return {"recipe": self.recipe.name, "mode": self.mode, "final_mode": self.final_mode,
+                "final_fraction": self.final_fraction, "final_from": self.final_from, "out": str(self.out), "steps": self.steps, "data": self.data,
+                "eval_data": self.eval_data, "maxtext_version": self.maxtext_version,
+                "phases": [{"mode": mode, "policy": MODES[mode][0], "maxtext_argv": self.maxtext_argv(i)}
+                           for i, mode in enumerate(self.phase_modes)],
+                "xla_flags": list(self.xla_flags), "environment": dict(self.environment)}
 
 
 def _parse_overrides(extra: Sequence[str]) -> tuple[tuple[str, str], ...]:
@@ -260,7 +300,8 @@ def _parse_overrides(extra: Sequence[str]) -> tuple[tuple[str, str], ...]:
 
 def resolve(recipe: str, mode: str, out: str | Path, *, steps: int | None = None, data: str | None = None,
             eval_data: str | None = None, eod_id: int | None = None, dump_hlo: bool = False,
-            overrides: Sequence[str] = (), environ_xla_flags: str = "") -> RecipeRun:
+            overrides: Sequence[str] = (), environ_xla_flags: str = "", final_mode: str | None = None,
+            final_fraction: float | None = None) -> RecipeRun:
     """The run of ``recipe`` in ``mode`` writing to ``out``.
 
     ``data`` / ``eval_data``: the training and held-out Megatron indexed datasets (``.bin``/``.idx`` prefixes),
@@ -268,11 +309,27 @@ def resolve(recipe: str, mode: str, out: str | Path, *, steps: int | None = None
     without them the run trains and evaluates on MaxText's synthetic batch. ``dump_hlo`` adds XLA flags that dump the
     training step's HLO to ``out/hlo``. ``overrides`` (MaxText ``key=value``) come last and win.
     ``environ_xla_flags`` (the caller's XLA_FLAGS) are kept, before the recipe's.
+
+    ``final_mode`` / ``final_fraction``: a closing phase, as ``jax_aiter.precision.PrecisionSchedule`` defines
+    it: the last ``round(steps * final_fraction)`` steps train in ``final_mode``. MaxText cannot switch a
+    compiled step's precision, so the run is two training processes in one MaxText run directory: the first
+    trains to the closing phase and saves a checkpoint (synchronously, on completion only), the second restores
+    it (weights, optimizer state, data iterator) and trains the rest. The learning-rate schedule spans all the
+    steps in both (``learning_rate_schedule_steps``).
     """
     if recipe not in RECIPES:
         raise ValueError(f"recipe must be one of {sorted(RECIPES)}, got {recipe!r}")
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if final_mode is None:
+        if final_fraction is not None:
+            raise ValueError("final_fraction: a closing phase needs final_mode too")
+    else:
+        if final_mode not in MODES:
+            raise ValueError(f"final_mode must be one of {list(MODES)}, got {final_mode!r}")
+        if (isinstance(final_fraction, bool) or not isinstance(final_fraction, (int, float))
+                or not 0 < final_fraction < 1):
+            raise ValueError(f"final_fraction must be a number in (0, 1) with final_mode, got {final_fraction!r}")
     r = RECIPES[recipe]
     steps = r.default_steps if steps is None else steps
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
@@ -285,7 +342,8 @@ def resolve(recipe: str, mode: str, out: str | Path, *, steps: int | None = None
     out = Path(out).absolute()
     version, package = maxtext_location()
     config = package / "configs" / "base.yml" if package else None
-    run = [("run_name", f"{r.name}-{mode}"), ("base_output_directory", str(out / "maxtext")),
+    run_name = f"{r.name}-{mode}" if final_mode is None else f"{r.name}-{mode}-then-{final_mode}"
+    run = [("run_name", run_name), ("base_output_directory", str(out / "maxtext")),
            ("steps", str(steps)), ("enable_mllog", "true"), ("mllog_file", str(out / "mllog.txt"))]
     if data is None:
         run.append(("dataset_type", "synthetic"))
@@ -296,7 +354,20 @@ def resolve(recipe: str, mode: str, out: str | Path, *, steps: int | None = None
     run += [("eval_steps", str(r.eval_steps)), ("eval_interval", str(r.eval_interval))]
     merged = dict(r.maxtext)
     merged.update(run)
-    merged.update(_parse_overrides(overrides))
+    user = _parse_overrides(overrides)
+    merged.update(user)
+    final_from = None
+    if final_mode is not None:
+        total = int(merged["steps"])
+        final_from = total - round(total * final_fraction)  # PrecisionSchedule.final_from's rule
+        if not 0 < final_from < total:
+            raise ValueError(f"final_fraction {final_fraction} of {total} steps leaves a phase without steps")
+        # One checkpoint, written when the first process completes: none at the start, none periodically
+        # (no step is a multiple of total + 1), and no background writer that could outlive the process.
+        merged.update(enable_checkpointing="true", async_checkpointing="false", save_checkpoint_on_start="false",
+                      checkpoint_period=str(total + 1))
+        merged.setdefault("learning_rate_schedule_steps", str(total))
+        merged.update(user)
     xla_flags = tuple(environ_xla_flags.split()) + r.xla_flags
     if dump_hlo:
         xla_flags += (f"--xla_dump_to={out / 'hlo'}", "--xla_dump_hlo_module_re=jit_train_step")
@@ -304,4 +375,5 @@ def resolve(recipe: str, mode: str, out: str | Path, *, steps: int | None = None
     environment = (("DECOUPLE_GCLOUD", "TRUE"),)
     return RecipeRun(recipe=r, mode=mode, out=out, steps=int(merged["steps"]), data=data, eval_data=eval_data,
                      maxtext_version=version, maxtext_config=config, overrides=tuple(merged.items()),
-                     xla_flags=xla_flags, environment=environment)
+                     xla_flags=xla_flags, environment=environment, final_mode=final_mode,
+                     final_fraction=final_fraction, final_from=final_from)

@@ -3,7 +3,8 @@
 A run refuses an output directory that exists and is not empty, writes the banner (``banner.txt``), the resolved
 run (``resolved.json``) and the versions and commits of everything it runs with (``versions.json``), then trains
 in a child process (``python -m jax_aiter.maxtext._train``) started with the run's XLA flags and environment,
-whose output goes to the terminal and to ``train.log``; the child first checks that jax sees the recipe's number
+whose output goes to the terminal and to ``train.log`` (with a closing phase, a second child resumes from the
+first one's checkpoint and writes its MLPerf log to ``mllog-closing.txt``); the child first checks that jax sees the recipe's number
 of devices of the recipe's hardware, and exits with a message (status 1) if not. MaxText writes the MLPerf log
 ``mllog.txt``, whose ``tracked_stats`` events carry each step's training loss. (MaxText 0.2.5's ``metrics_file``
 is not used: its writer empties the file whenever an evaluation's first step is written.) A failed run (an OOM
@@ -92,23 +93,39 @@ def run(recipe_run: RecipeRun) -> int:
     sys.stdout.write(banner)
     sys.stdout.flush()
     env = {**os.environ, **dict(recipe_run.environment), "XLA_FLAGS": " ".join(recipe_run.xla_flags)}
-    command = [sys.executable, "-m", "jax_aiter.maxtext._train", str(out / "resolved.json")]
-    with open(out / "train.log", "w", encoding="utf8") as log, subprocess.Popen(
-            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as child:
-        for line in child.stdout:
-            sys.stdout.write(line)
-            log.write(line)
-    if child.returncode:
-        sys.stderr.write(f"jax-aiter recipe: training exited with status {child.returncode}; {out} keeps the "
-                         "banner and the logs; start the next attempt with a fresh --out\n")
-    return child.returncode
+    with open(out / "train.log", "w", encoding="utf8") as log:
+        for phase, mode in enumerate(recipe_run.phase_modes):
+            if phase:
+                line = (f"jax-aiter recipe: closing phase, steps {recipe_run.final_from}-{recipe_run.steps - 1} in "
+                        f"mode {mode}, resumed from the checkpoint of step {recipe_run.final_from - 1}\n")
+                sys.stdout.write(line)
+                log.write(line)
+            command = [sys.executable, "-m", "jax_aiter.maxtext._train", str(out / "resolved.json"), str(phase)]
+            with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True) as child:
+                for line in child.stdout:
+                    sys.stdout.write(line)
+                    log.write(line)
+            if child.returncode:
+                sys.stderr.write(f"jax-aiter recipe: training exited with status {child.returncode}; {out} keeps "
+                                 "the banner and the logs; start the next attempt with a fresh --out\n")
+                return child.returncode
+    return 0
 
 
 def recipe_command(args: argparse.Namespace) -> int:
     """``jax-aiter recipe`` (arguments: jax_aiter/cli.py)."""
-    recipe_run = resolve(args.recipe, args.mode, args.out, steps=args.steps, data=args.data,
-                         eval_data=args.eval_data, eod_id=args.eod_id, dump_hlo=args.dump_hlo,
-                         overrides=args.set or (), environ_xla_flags=os.environ.get("XLA_FLAGS", ""))
+    final_fraction = args.final_fraction
+    if final_fraction is None and args.final_mode is not None:
+        final_fraction = 0.25  # PrecisionSchedule.mxfp4_then_fp8's closing phase
+    try:
+        recipe_run = resolve(args.recipe, args.mode, args.out, steps=args.steps, data=args.data,
+                             eval_data=args.eval_data, eod_id=args.eod_id, dump_hlo=args.dump_hlo,
+                             overrides=args.set or (), environ_xla_flags=os.environ.get("XLA_FLAGS", ""),
+                             final_mode=args.final_mode, final_fraction=final_fraction)
+    except ValueError as err:
+        sys.stderr.write(f"jax-aiter recipe: {err}\n")
+        return 2
     if args.dry_run:
         sys.stdout.write(recipe_run.banner())
         return 0

@@ -1,8 +1,9 @@
-"""The training process of a recipe run: ``python -m jax_aiter.maxtext._train RESOLVED_JSON``.
+"""A training process of a recipe run: ``python -m jax_aiter.maxtext._train RESOLVED_JSON PHASE``.
 
-Started by ``jax_aiter.maxtext.run`` with the run's XLA flags and environment: checks that jax sees the recipe's
-devices, turns jax-aiter on in MaxText with the mode's precision policy, puts the Llama 3.1 8B events into
-MaxText's MLPerf log and runs MaxText's pre-training loop with the resolved arguments.
+Started by ``jax_aiter.maxtext.run`` with the run's XLA flags and environment, once per phase (``PHASE`` indexes
+the resolved run's ``phases``: one, or two with a closing phase): checks that jax sees the recipe's devices, turns
+jax-aiter on in MaxText with the phase's precision policy, puts the Llama 3.1 8B events into MaxText's MLPerf log
+and runs MaxText's pre-training loop with the phase's arguments.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ _DEVICE_HINTS = {
 
 
 def main(argv: list[str]) -> None:
-    if len(argv) != 1:
-        raise SystemExit("usage: python -m jax_aiter.maxtext._train RESOLVED_JSON")
+    if len(argv) != 2:
+        raise SystemExit("usage: python -m jax_aiter.maxtext._train RESOLVED_JSON PHASE")
     resolved = json.loads(Path(argv[0]).read_text())
+    phase = resolved["phases"][int(argv[1])]
     check_devices(RECIPES[resolved["recipe"]])
     from absl import logging
 
@@ -46,12 +48,12 @@ def main(argv: list[str]) -> None:
 
     # MaxText reports each step (loss, step time) through absl at INFO, which absl hides unless asked.
     logging.set_verbosity(logging.INFO)
-    policy = _integration.policy_for_mode(resolved["mode"])
+    policy = _integration.policy_for_mode(phase["mode"])
     _integration.enable(policy)
-    _mlperf.install(MODES[resolved["mode"]][2], repr(policy))
+    _mlperf.install(MODES[phase["mode"]][2], repr(policy))
     from maxtext.trainers.pre_train import train
 
-    train.main(resolved["maxtext_argv"])
+    train.main(phase["maxtext_argv"])
 
 
 if __name__ == "__main__":
