@@ -155,7 +155,7 @@ class PrecisionSchedule:
         """``PrecisionPolicy.mxfp4(recipe, bf16_last_blocks=...)``, then ``PrecisionPolicy.fp8()`` for the last
         ``final_fraction`` of the steps; ``recipe`` defaults to ``Mxfp4Recipe(hadamard_seed=0)`` (keyed
         random-sign Hadamard). With the defaults, a 75 M decoder trained 2000 steps on real text reached
-        +0.72 ± 0.27 % of BF16's held-out loss (three seeds; the default policy alone +1.72 %)."""
+        +0.86 ± 0.14 % of BF16's held-out loss (six seeds; the default policy alone +1.72 %)."""
         recipe = Mxfp4Recipe(hadamard_seed=0) if recipe is None else recipe
         return cls(PrecisionPolicy.mxfp4(recipe, bf16_last_blocks=bf16_last_blocks), PrecisionPolicy.fp8(),
                    final_fraction)
