@@ -7,7 +7,6 @@ import hashlib
 import itertools
 import json
 import math
-import re
 import shutil
 
 import jax
@@ -211,7 +210,7 @@ def test_a_closing_phase_trains_its_last_steps_and_is_evaluated_under_its_own_po
     setup, data = convergence.load_data(convergence.Setup.for_model("cpu-tiny", steps=10, eval_every=5),
                                         convergence.bundled_sample())
     first, final = precision.PrecisionPolicy.bf16(), precision.PrecisionPolicy.fp8()
-    arm = convergence.Arm(first, "bf16, then fp8 for the last 3 steps", final_policy=final, final_fraction=0.3)
+    arm = convergence.Arm(precision.PrecisionSchedule(first, final, 0.3), "bf16, then fp8 for the last 3 steps")
     record = convergence.train_arm(setup, data, "closing", arm)
 
     # The schedule by hand: steps 0-6 under the first policy, 7-9 under the final one.
@@ -246,14 +245,15 @@ def test_a_closing_phase_trains_its_last_steps_and_is_evaluated_under_its_own_po
     assert record["final_step_time_ms"] > 0
 
 
-@pytest.mark.parametrize("kwargs, error", [
-    (dict(final_fraction=0.1), "final_fraction must be 0 without a final_policy"),
-    (dict(final_policy=precision.PrecisionPolicy.bf16(), final_fraction=1.0), "final_fraction must be in (0, 1)"),
-    (dict(final_policy="bf16", final_fraction=0.1), "final_policy must be a PrecisionPolicy"),
-])
-def test_arm_rejects_a_closing_phase_it_cannot_run(kwargs, error):
-    with pytest.raises((ValueError, TypeError), match=re.escape(error)):
-        convergence.Arm(precision.PrecisionPolicy.mxfp4(), "x", **kwargs)
+def test_arm_holds_a_policy_as_its_one_phase_schedule_and_refuses_anything_else():
+    policy = precision.PrecisionPolicy.mxfp4()
+    arm = convergence.Arm(policy, "x")
+    assert arm.schedule == precision.PrecisionSchedule(policy) and arm.policy is policy
+    assert arm.final_policy is None and arm.final_from(10) == 10
+    closing = convergence.ARMS["mxfp4-then-fp8"]
+    assert closing.final_policy == precision.PrecisionPolicy.fp8() and closing.final_from(2000) == 1800
+    with pytest.raises(TypeError, match="^schedule must be a PrecisionSchedule or a PrecisionPolicy, got str"):
+        convergence.Arm("mxfp4", "x")
 
 
 def test_list_arms(capsys):

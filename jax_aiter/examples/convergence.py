@@ -52,26 +52,28 @@ OVERRIDES = ("steps", "batch", "seq_len", "learning_rate", "seed", "warmup_steps
 
 @dataclasses.dataclass(frozen=True)
 class Arm:
-    """A precision policy to train with; optionally a second one, ``final_policy``, for the last
-    ``final_fraction`` of the steps (a closing phase in a wider format, as in FP4 work that ends training in
-    higher precision): the fields of a :class:`~jax_aiter.precision.PrecisionSchedule`, which checks them. The
-    held-out loss after a step is measured under the policy that trained that step."""
+    """What an arm trains with: a precision policy, or a :class:`~jax_aiter.precision.PrecisionSchedule` whose
+    closing policy trains the last steps (a wider format, as in FP4 work that ends training in higher precision).
+    A policy is held as the one-phase schedule. The held-out loss after a step is measured under the policy that
+    trained that step."""
 
-    policy: PrecisionPolicy
+    schedule: PrecisionSchedule
     description: str
-    final_policy: PrecisionPolicy | None = None
-    final_fraction: float = 0.0
 
     def __post_init__(self) -> None:
-        PrecisionSchedule(self.policy, self.final_policy, self.final_fraction)  # its checks name the bad field
+        if isinstance(self.schedule, PrecisionPolicy):
+            object.__setattr__(self, "schedule", PrecisionSchedule(self.schedule))
+        elif not isinstance(self.schedule, PrecisionSchedule):
+            raise TypeError(f"schedule must be a PrecisionSchedule or a PrecisionPolicy, got "
+                            f"{type(self.schedule).__name__}")
 
     @property
-    def schedule(self) -> PrecisionSchedule:
-        return PrecisionSchedule(self.policy, self.final_policy, self.final_fraction)
+    def policy(self) -> PrecisionPolicy:
+        return self.schedule.policy
 
-    @classmethod
-    def of(cls, schedule: PrecisionSchedule, description: str) -> Arm:
-        return cls(schedule.policy, description, schedule.final_policy, schedule.final_fraction)
+    @property
+    def final_policy(self) -> PrecisionPolicy | None:
+        return self.schedule.final_policy
 
     def final_from(self, steps: int) -> int:
         """:meth:`PrecisionSchedule.final_from`."""
@@ -121,15 +123,15 @@ ARMS = {
         PrecisionPolicy.mxfp4(dataclasses.replace(_SIGNED, activation_scale_rule="ceil", weight_scale_rule="ceil",
                                                   gradient_scale_rule="ceil"), bf16_last_blocks=2),
         "keyed random-sign Hadamard (hadamard_seed=0), the 'ceil' scale rule for every role, the last 2 blocks BF16"),
-    "mxfp4-then-fp8": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then FP8 current scaling for the last 10 % "
-                          "of the steps", final_policy=PrecisionPolicy.fp8(), final_fraction=0.1),
-    "mxfp4-then-fp8-last25": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then FP8 current scaling for the "
-                                 "last 25 % of the steps", final_policy=PrecisionPolicy.fp8(), final_fraction=0.25),
-    "mxfp4-signed-hadamard-bf16-last2-then-fp8-last25": Arm.of(
+    "mxfp4-then-fp8": Arm(PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.fp8(), 0.1),
+                          "default MXFP4 policy, then FP8 current scaling for the last 10 % of the steps"),
+    "mxfp4-then-fp8-last25": Arm(PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.fp8(), 0.25),
+                                 "default MXFP4 policy, then FP8 current scaling for the last 25 % of the steps"),
+    "mxfp4-signed-hadamard-bf16-last2-then-fp8-last25": Arm(
         PrecisionSchedule.mxfp4_then_fp8(), "keyed random-sign Hadamard (hadamard_seed=0), the last 2 blocks BF16, "
         "then FP8 current scaling for the last 25 % of the steps"),
-    "mxfp4-then-bf16": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy, then BF16 for the last 10 % of the steps",
-                           final_policy=PrecisionPolicy.bf16(), final_fraction=0.1),
+    "mxfp4-then-bf16": Arm(PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.bf16(), 0.1),
+                           "default MXFP4 policy, then BF16 for the last 10 % of the steps"),
 }
 DEFAULT_ARMS = (REFERENCE, "fp8", "mxfp4", "mxfp4-all")
 
