@@ -71,7 +71,8 @@ KERNEL_TARGETS = {
 DEFAULT_VS_XLA = 0.98
 LINEAR_TARGETS = {"fwd": 1.2, "fwd+bwd": 1.3}  # gemm_fp4_bf16 time / bf16 jnp.dot linear time, at most
 ATTENTION_DEFAULT_VS_CUDNN = 0.95  # cuDNN time / default time, at least
-ATTENTION_DETERMINISTIC_VS_CUDNN = 2.0  # deterministic time / cuDNN time, at most
+ATTENTION_DETERMINISTIC_VS_CUDNN = 2.0  # cuDNN's deterministic backward: its time / cuDNN's time, at most
+REFERENCE_ATTENTION_VS_XLA = 1.5  # deterministic=True without XLA's flag (the reference): its time / XLA's, at most
 TRAIN_MXFP4_VS_BF16 = 1.2  # the 75m model's MXFP4 training step time / its BF16 step time, at most
 TRAIN_ARMS = ("bf16", "fp8", "mxfp4")  # arms of jax_aiter.examples.convergence
 
@@ -458,9 +459,12 @@ def run_attention(ctx: Context, matmul_flops: float) -> None:
             if row["name"] in ("default", "varlen default") and "cudnn" in times:
                 row["target"] = dict(cudnn_over_this=ATTENTION_DEFAULT_VS_CUDNN)
                 row["met"] = dict(cudnn_over_this=row["cudnn_over_this"] >= ATTENTION_DEFAULT_VS_CUDNN)
-            if row["name"] in ("deterministic", "cudnn deterministic") and "cudnn" in times:
+            if row["name"] == "cudnn deterministic" and "cudnn" in times:
                 row["target"] = dict(this_over_cudnn=ATTENTION_DETERMINISTIC_VS_CUDNN)
                 row["met"] = dict(this_over_cudnn=row["time_s"] / times["cudnn"] <= ATTENTION_DETERMINISTIC_VS_CUDNN)
+            if row["name"] == "deterministic" and "cudnn" in times and "xla" in times:
+                row["target"] = dict(xla_over_this=1 / REFERENCE_ATTENTION_VS_XLA)
+                row["met"] = dict(xla_over_this=row["xla_over_this"] >= 1 / REFERENCE_ATTENTION_VS_XLA)
 
 
 # --- one decoder block ------------------------------------------------------------------------------------------

@@ -1176,22 +1176,51 @@ def small_query_chunk(monkeypatch):
 
 @pytest.mark.parametrize("options", [dict(causal=True), dict(window_size=(3, 1)), dict(), dict(softcap=2.0)],
                          ids=["causal", "window", "full", "softcap"])
-def test_chunked_reference_matches_the_float64_oracle(small_query_chunk, options):
-    """With 4-query blocks, 11 queries take three blocks (the last padded): outputs, lse and gradients still
-    equal the float64 oracle."""
-    q, k, v = qkv(sq=11, sk=9, seed=500)
-    bias = rand((11, 9), 501)
+@pytest.mark.parametrize("sq,sk,bias_shape", [(11, 9, (11, 9)), (33, 30, (33, 30)), (33, 37, (33, 1))],
+                         ids=["three-blocks", "grouped", "grouped-row-bias"])
+def test_chunked_reference_matches_the_float64_oracle(small_query_chunk, options, sq, sk, bias_shape):
+    """With 4-query blocks, 11 queries take three blocks (the last padded), 33 queries nine blocks in four
+    groups, each over the keys its window leaves it: outputs, lse and gradients (with lse's) still equal the
+    float64 oracle."""
+    q, k, v = qkv(sq=sq, sk=sk, seed=500)
+    bias = rand(bias_shape, 501)
     window = options.get("window_size", (-1, 0) if options.get("causal") else (-1, -1))
     out, lse = flash_attn_func(q, k, v, bias=bias, return_lse=True, **options)
     want_out, want_lse, probs = oracle(q, k, v, window=window, bias=bias, softcap=options.get("softcap", 0.0))
     np.testing.assert_allclose(out, want_out, **F32_TOL)
     assert_lse_close(lse, want_lse)
     if not options.get("softcap"):
-        dout = rand(out.shape, 502)
-        grads = jax.grad(lambda q, k, v: jnp.sum(flash_attn_func(q, k, v, bias=bias, **options) * dout),
-                         argnums=(0, 1, 2))(q, k, v)
-        for got, want in zip(grads, oracle_grads(q, k, v, dout, probs)[:3]):
+        dout, dlse = rand(out.shape, 502), rand(lse.shape, 503)
+        finite_dlse = np.where(np.isfinite(want_lse), dlse, 0)
+
+        def loss(q, k, v):
+            out, lse = flash_attn_func(q, k, v, bias=bias, return_lse=True, **options)
+            return jnp.sum(out * dout) + jnp.sum(jnp.where(jnp.isfinite(lse), lse, 0) * dlse)
+
+        grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
+        for got, want in zip(grads, oracle_grads(q, k, v, dout, probs, dlse=finite_dlse)[:3]):
             np.testing.assert_allclose(got, want, **GRAD_TOL)
+
+
+@pytest.mark.parametrize("window", [(-1, 0), (3, 1), (0, 0), (2, -1), (-1, 2), (-1, -1)])
+@pytest.mark.parametrize("sq,sk", [(16, 16), (16, 9), (9, 16)])
+def test_window_key_range_holds_every_key_a_window_allows(window, sq, sk):
+    """The keys a group of query rows is attended over include every key the window lets one of them see."""
+    from jax_aiter.ref import mha as ref_mha
+
+    i = np.arange(sq)[:, None] + sk - sq
+    j = np.arange(sk)[None, :]
+    allowed = np.ones((sq, sk), bool)
+    if window[0] >= 0:
+        allowed &= j >= i - window[0]
+    if window[1] >= 0:
+        allowed &= j <= i + window[1]
+    for first in range(sq):
+        for end in range(first + 1, sq + 1):
+            lo, hi = ref_mha._window_key_range(first, end, window=window, offset=sk - sq, sk=sk)
+            assert 0 <= lo < hi <= sk
+            seen = np.flatnonzero(allowed[first:end].any(axis=0))
+            assert seen.size == 0 or (lo <= seen.min() and seen.max() < hi), (first, end, lo, hi)
 
 
 def test_chunked_reference_keeps_masked_non_finite_values_out(small_query_chunk):
@@ -1227,10 +1256,11 @@ def test_reference_backward_memory_grows_linearly_with_the_sequence(monkeypatch)
         with use_backend(flash_attn="xla"):
             return grad.lower(q, q, q).compile().memory_analysis().temp_size_in_bytes
 
-    blocked_2k, blocked_4k = scratch(2048, 512), scratch(4096, 512)
-    whole_2k = scratch(2048, 4096)
+    # From 4k queries on, the blocks are mapped in KEY_RANGE_GROUPS groups.
+    blocked_4k, blocked_8k = scratch(4096, 512), scratch(8192, 512)
+    whole_4k = scratch(4096, 8192)
     jax.clear_caches()
-    # Linear growth doubles the scratch from 2k to 4k (quadratic would quadruple it); at 2k the [512, Sk] blocks
-    # need a quarter of the whole [Sk, Sk] logits, plus what both hold alike.
-    assert blocked_4k < 3 * blocked_2k, (blocked_2k, blocked_4k)
-    assert blocked_2k < whole_2k / 2, (blocked_2k, whole_2k)
+    # Linear growth doubles the scratch from 4k to 8k (quadratic would quadruple it); at 4k the [512, Sk] blocks
+    # need an eighth of the whole [Sk, Sk] logits, plus what both hold alike.
+    assert blocked_8k < 3 * blocked_4k, (blocked_4k, blocked_8k)
+    assert blocked_4k < whole_4k / 2, (blocked_4k, whole_4k)
