@@ -37,6 +37,18 @@ def rand(shape, seed, dtype=np.float32):
 # --- oracle ----------------------------------------------------------------------------------------------
 
 
+def window_allowed(sq, sk, window):
+    """[Sq, Sk]: which keys each query may see under a bottom-right-aligned window."""
+    i = np.arange(sq)[:, None] + sk - sq
+    j = np.arange(sk)[None, :]
+    allowed = np.ones((sq, sk), bool)
+    if window[0] >= 0:
+        allowed &= j >= i - window[0]
+    if window[1] >= 0:
+        allowed &= j <= i + window[1]
+    return allowed
+
+
 def oracle(q, k, v, *, scale=None, window=(-1, -1), bias=None, alibi=None, keep=None, dropout_p=0.0, softcap=0.0):
     """Returns (out [B,Sq,Hq,Dv], lse [B,Hq,Sq], probs [B,Hq,Sq,Sk]) in float64."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
@@ -46,11 +58,7 @@ def oracle(q, k, v, *, scale=None, window=(-1, -1), bias=None, alibi=None, keep=
     scale = dim ** -0.5 if scale is None else scale
     i = np.arange(sq)[:, None] + sk - sq
     j = np.arange(sk)[None, :]
-    allowed = np.ones((sq, sk), bool)
-    if window[0] >= 0:
-        allowed &= j >= i - window[0]
-    if window[1] >= 0:
-        allowed &= j <= i + window[1]
+    allowed = window_allowed(sq, sk, window)
     bias = np.zeros((1,)) if bias is None else np.asarray(bias, np.float64)
     bias = np.broadcast_to(bias, (batch, hq, sq, sk))
     alibi = np.zeros((hq,)) if alibi is None else np.asarray(alibi, np.float64)
@@ -1208,13 +1216,7 @@ def test_window_key_range_holds_every_key_a_window_allows(window, sq, sk):
     """The keys a group of query rows is attended over include every key the window lets one of them see."""
     from jax_aiter.ref import mha as ref_mha
 
-    i = np.arange(sq)[:, None] + sk - sq
-    j = np.arange(sk)[None, :]
-    allowed = np.ones((sq, sk), bool)
-    if window[0] >= 0:
-        allowed &= j >= i - window[0]
-    if window[1] >= 0:
-        allowed &= j <= i + window[1]
+    allowed = window_allowed(sq, sk, window)
     for first in range(sq):
         for end in range(first + 1, sq + 1):
             lo, hi = ref_mha._window_key_range(first, end, window=window, offset=sk - sq, sk=sk)

@@ -1,9 +1,14 @@
 """Reference attention on the CPU: the sequence-major form (main eb97793) and the committed one beside
-jax.nn.dot_product_attention(implementation="xla"), bf16, B 2, S 1024, Hq 8, Hk 2, D 64, causal; best of 5."""
+jax.nn.dot_product_attention(implementation="xla"), bf16, B 2, S 1024, Hq 8, Hk 2, D 64, causal; best of 5.
+    git show eb97793:jax_aiter/ref/mha.py > /tmp/old_mha.py && python3 cpu_ref_attn.py /tmp/old_mha.py"""
 import os, sys, time
 import jax, jax.numpy as jnp
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import old_mha, grouped_mha
+import importlib.util
+from jax_aiter.ref import mha as committed_mha
+
+spec = importlib.util.spec_from_file_location("old_mha", sys.argv[1])
+old_mha = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(old_mha)
 
 B, S, H, HK, D = 2, 1024, 8, 2, 64
 ks = jax.random.split(jax.random.key(0), 4)
@@ -21,7 +26,7 @@ def best(f, *a):
         t = time.perf_counter(); jax.block_until_ready(f(*a)); times.append(time.perf_counter() - t)
     return min(times) * 1e3
 
-for name, f in [("sequence-major (eb97793)", ref(old_mha)), ("committed", ref(grouped_mha)),
+for name, f in [("sequence-major (eb97793)", ref(old_mha)), ("committed", ref(committed_mha)),
                 ("jax.nn xla", lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True,
                                                                             implementation="xla"))]:
     def fwd_bwd(q, k, v, do, f=f):

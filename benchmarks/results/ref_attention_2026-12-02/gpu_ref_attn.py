@@ -1,13 +1,16 @@
-"""Reference attention on the GPU: the sequence-major form (main eb97793), the head-major form (autodiff, float32
-products), the head-major form with the written-out backward and bf16 tensor-core products, and that with the query
-blocks grouped over the keys their window allows (grouped_mha.py = jax_aiter/ref/mha.py as committed); fwd+bwd timed beside
-jax.nn.dot_product_attention (xla, cudnn); accuracy against float64 for float32 and bfloat16 inputs."""
+"""Reference attention on the GPU: the committed jax_aiter.ref.mha beside the sequence-major form of main
+eb97793 and jax.nn.dot_product_attention (xla, cudnn), fwd+bwd, with accuracy against float64 for float32 and
+bfloat16 inputs. Run from a checkout:
+    git show eb97793:jax_aiter/ref/mha.py > /tmp/old_mha.py && python3 gpu_ref_attn.py /tmp/old_mha.py
+ref_attention.json and gpu_ref_attn.log also hold the two intermediate forms measured while the change was made
+(head-major with autodiff; head-major with the written-out backward and bf16 products, without key-range groups),
+whose code was not kept."""
 import json, os, sys, time
 import numpy as np
 import jax, jax.numpy as jnp
 from jax import lax
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import old_mha, layout_mha, blocked_vjp_mha, grouped_mha
+import importlib.util
+from jax_aiter.ref import mha as committed_mha
 
 out_dir = os.environ.get("OUT", ".")
 B, S, H, HK, D = (4, 4096, 32, 8, 128) if jax.default_backend() == "gpu" else (1, 512, 4, 2, 64)
@@ -30,9 +33,12 @@ def timed(fn, args, n=10):
         t = time.perf_counter(); jax.block_until_ready(fn(*args)); best.append(time.perf_counter() - t)
     return float(np.median(best))
 
-variants = [("sequence-major (eb97793)", old_mha), ("head-major, autodiff", layout_mha),
-            ("head-major, written-out backward, bf16 tensor cores", blocked_vjp_mha),
-            ("the same, query blocks in 4 groups over the keys their window allows", grouped_mha)]
+spec = importlib.util.spec_from_file_location("old_mha", sys.argv[1])
+old_mha = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(old_mha)
+variants = [("sequence-major (eb97793)", old_mha),
+            ("head-major, written-out backward, bf16 tensor cores, query blocks in 4 groups over the keys their "
+             "window allows (committed)", committed_mha)]
 ks = jax.random.split(jax.random.key(0), 4)
 bf = lambda kk, shape: jax.random.normal(kk, shape, jnp.float32).astype(jnp.bfloat16)
 args = (bf(ks[0], (B, S, H, D)), bf(ks[1], (B, S, HK, D)), bf(ks[2], (B, S, HK, D)), bf(ks[3], (B, S, H, D)))
