@@ -17,6 +17,7 @@ from typing import Any
 
 import jax
 
+from jax_aiter._phases import closing_phase_start
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
 from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8
@@ -170,10 +171,7 @@ class PrecisionSchedule:
         Raises ValueError when ``final_fraction`` of ``steps`` leaves one of the two phases without a step."""
         if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
             raise ValueError(f"steps must be a positive int, got {steps!r}")
-        first = steps - round(steps * self.final_fraction)
-        if self.final_policy is not None and not 0 < first < steps:
-            raise ValueError(f"final_fraction {self.final_fraction} of {steps} steps leaves a phase without steps")
-        return first
+        return steps if self.final_policy is None else closing_phase_start(steps, self.final_fraction)
 
     def policy_at(self, step: int, steps: int) -> PrecisionPolicy:
         """The policy that trains step ``step`` (0-based) of ``steps``."""

@@ -15,6 +15,8 @@ import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
+from jax_aiter._phases import closing_phase_start
+
 __all__ = ["ATTENTION_KERNEL", "MODES", "RECIPES", "TESTED_MAXTEXT_VERSIONS", "RecipeRun", "TrainingRecipe",
            "resolve"]
 
@@ -359,9 +361,7 @@ def resolve(recipe: str, mode: str, out: str | Path, *, steps: int | None = None
     final_from = None
     if final_mode is not None:
         total = int(merged["steps"])
-        final_from = total - round(total * final_fraction)  # PrecisionSchedule.final_from's rule
-        if not 0 < final_from < total:
-            raise ValueError(f"final_fraction {final_fraction} of {total} steps leaves a phase without steps")
+        final_from = closing_phase_start(total, final_fraction)
         # One checkpoint, written when the first process completes: none at the start, none periodically
         # (no step is a multiple of total + 1), and no background writer that could outlive the process.
         merged.update(enable_checkpointing="true", async_checkpointing="false", save_checkpoint_on_start="false",
