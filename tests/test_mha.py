@@ -1177,6 +1177,7 @@ def small_query_chunk(monkeypatch):
     from jax_aiter.ref import mha as ref_mha
 
     monkeypatch.setattr(ref_mha, "QUERY_CHUNK", 4)
+    monkeypatch.setattr(ref_mha, "CPU_QUERY_CHUNK", 4)
     jax.clear_caches()  # the reference is jitted: retrace it with the small blocks
     yield
     jax.clear_caches()
@@ -1244,6 +1245,31 @@ def test_chunked_varlen_matches_per_sequence_calls(small_query_chunk):
                                                              causal=True)[0], **F32_PAIR_TOL)
 
 
+@pytest.mark.parametrize("platform, blocks, bf16_products", [("cpu", {"128"}, False), ("cuda", {"512"}, True),
+                                                             ("rocm", {"512"}, True)])
+def test_reference_lowers_with_its_platform_s_blocks_and_products(platform, blocks, bf16_products):
+    """The gradient of a causal bf16 call, lowered per platform: 128-query blocks over growing key ranges on the
+    CPU, 512-query blocks on GPUs (1100 queries: 3 blocks, one group), with bf16 tensor-core products there and
+    float32 ones on the CPU."""
+    import re
+
+    from jax_aiter.ref import mha as ref_mha
+
+    q = jax.ShapeDtypeStruct((1, 1100, 4, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 1100, 2, 64), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return ref_mha.attention(q, k, v, bias=None, alibi_slopes=None, dropout_seed=None, softmax_scale=0.125,
+                                 window=(-1, 0), dropout_p=0.0)[0].astype(jnp.float32).sum()
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(lowering_platforms=(platform,)).as_text()
+    logits = set(re.findall(r"tensor<1x2x2x(\d+)x(\d+)xf32>", text))
+    assert {rows for rows, keys in logits if keys != "1"} == blocks
+    key_ranges = {keys for rows, keys in logits if keys not in ("1", "64")}
+    assert key_ranges == ({"256", "512", "768", "1100"} if platform == "cpu" else {"1100"})
+    assert bool(re.search(r"stablehlo.dot_general[^\n]*xbf16>", text)) == bf16_products
+
+
 def test_reference_backward_memory_grows_linearly_with_the_sequence(monkeypatch):
     """Gradient of a causal call: the compiled program's scratch memory grows about linearly with the sequence
     length (blocks of [QUERY_CHUNK, Sk] logits), where the unblocked form grows with its square."""
@@ -1251,6 +1277,7 @@ def test_reference_backward_memory_grows_linearly_with_the_sequence(monkeypatch)
 
     def scratch(length, chunk):
         monkeypatch.setattr(ref_mha, "QUERY_CHUNK", chunk)
+        monkeypatch.setattr(ref_mha, "CPU_QUERY_CHUNK", chunk)
         jax.clear_caches()
         q = jax.ShapeDtypeStruct((1, length, 2, 64), jnp.bfloat16)
         grad = jax.jit(jax.grad(lambda q, k, v: flash_attn_func(q, k, v, causal=True).astype(jnp.float32).sum(),

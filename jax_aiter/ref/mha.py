@@ -150,9 +150,12 @@ def _grouped(x: jax.Array, kv_heads: int, groups: int) -> jax.Array:
     return x.reshape(x.shape[0], kv_heads, groups, *x.shape[2:])
 
 
-# Queries per block of the chunked form: with more queries than this (and no dropout), each block of queries is
-# attended on its own, so neither pass holds the [Sq, Sk] float32 logits of a head at once, only [QUERY_CHUNK, Sk].
+# Queries per block of the chunked form on GPUs and on the CPU: with more queries than this (and no dropout), each
+# block of queries is attended on its own, so neither pass holds the [Sq, Sk] float32 logits of a head at once,
+# only [chunk, Sk]. The CPU's smaller blocks keep a block's logits in its caches (measured 1.5-2x faster than 512
+# for S 1024-2048, docs/attention.md "Reference speed").
 QUERY_CHUNK = 512
+CPU_QUERY_CHUNK = 128
 # The blocks are mapped in at most this many groups of consecutive blocks, each over the keys its window lets
 # its queries see: a causal call computes (groups + 1) / (2 groups) of the logits instead of all of them.
 KEY_RANGE_GROUPS = 4
@@ -172,7 +175,8 @@ def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout
     query rows ``[first, end)`` may see (static integers). The work is done head-major (q
     ``[B, Hk, G, Sq, D]``, k and v ``[B, Hk, Sk, D]``): the products then batch over leading axes and the
     float32 logits come out in the layout the softmax reads, where the sequence-major layout transposes them.
-    Long query sequences without dropout are attended in blocks of :data:`QUERY_CHUNK` queries (a ``lax.map``):
+    Long query sequences without dropout are attended in blocks of :data:`QUERY_CHUNK` queries
+    (:data:`CPU_QUERY_CHUNK` on the CPU; a ``lax.map``):
     every query row is computed by the same formulas, equal to the unblocked form up to float32 summation order.
     With dropout the whole [Sq, Sk] grid is kept, because the dropout mask is drawn over it.
     """
@@ -185,20 +189,27 @@ def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout
     kh, vh = jnp.transpose(k, (0, 2, 1, 3)), jnp.transpose(v, (0, 2, 1, 3))
     allowed = None if allowed is None else _grouped(allowed, kv_heads, groups)
     additive = None if additive is None else _grouped(additive, kv_heads, groups)
-    if dropout_p > 0 or sq <= QUERY_CHUNK:
-        out, lse = _attend_block(statics, qh, kh, vh, additive, allowed, dropout_seed)
+
+    def attend(chunk):
+        if dropout_p > 0 or sq <= chunk:
+            return lambda *operands: _attend_block(statics, *operands, dropout_seed)
+        return lambda *operands: _attend_chunked(statics, *operands, key_range, chunk)
+
+    operands = (qh, kh, vh, additive, allowed)
+    if dropout_p > 0 or sq <= min(QUERY_CHUNK, CPU_QUERY_CHUNK):
+        out, lse = attend(QUERY_CHUNK)(*operands)
     else:
-        out, lse = _attend_chunked(statics, qh, kh, vh, additive, allowed, key_range)
+        out, lse = lax.platform_dependent(*operands, cpu=attend(CPU_QUERY_CHUNK), default=attend(QUERY_CHUNK))
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(batch, sq, q_heads, v.shape[-1])
     return out, lse.reshape(batch, q_heads, sq)
 
 
-def _attend_chunked(statics, qh, kh, vh, additive, allowed, key_range):
-    """:func:`_attend_block` over blocks of :data:`QUERY_CHUNK` queries, mapped in groups of consecutive blocks
-    over the keys ``key_range`` lets each group see (the others are masked for all of its rows)."""
+def _attend_chunked(statics, qh, kh, vh, additive, allowed, key_range, chunk):
+    """:func:`_attend_block` over blocks of ``chunk`` queries, mapped in groups of consecutive blocks over the
+    keys ``key_range`` lets each group see (the others are masked for all of its rows)."""
     sq = qh.shape[3]
-    chunks = -(-sq // QUERY_CHUNK)
-    pad = chunks * QUERY_CHUNK - sq
+    chunks = -(-sq // chunk)
+    pad = chunks * chunk - sq
 
     def padded(x):
         if x is None or x.shape[3] == 1:
@@ -213,14 +224,14 @@ def _attend_chunked(statics, qh, kh, vh, additive, allowed, key_range):
     bounds = [chunks * g // groups for g in range(groups + 1)]
     spans = []  # (first block, end block, key range), groups with the same keys merged
     for first, end in zip(bounds[:-1], bounds[1:]):
-        keys = key_range(first * QUERY_CHUNK, min(end * QUERY_CHUNK, sq))
+        keys = key_range(first * chunk, min(end * chunk, sq))
         if spans and spans[-1][2] == keys:
             spans[-1] = (spans[-1][0], end, keys)
         else:
             spans.append((first, end, keys))
     outs, lses = [], []
     for first, end, keys in spans:
-        rows, keys = slice(first * QUERY_CHUNK, end * QUERY_CHUNK), slice(*keys)
+        rows, keys = slice(first * chunk, end * chunk), slice(*keys)
 
         def part(x):
             if x is None:
@@ -229,21 +240,21 @@ def _attend_chunked(statics, qh, kh, vh, additive, allowed, key_range):
             return x if x.shape[-1] == 1 else x[..., keys]
 
         out, lse = _map_blocks(statics, qh[:, :, :, rows], kh[:, :, keys], vh[:, :, keys], part(additive),
-                               part(allowed))
+                               part(allowed), chunk)
         outs.append(out)
         lses.append(lse)
     return jnp.concatenate(outs, axis=3)[:, :, :, :sq], jnp.concatenate(lses, axis=3)[..., :sq]
 
 
-def _map_blocks(statics, qh, kh, vh, additive, allowed):
-    """``lax.map`` of :func:`_attend_block` over the :data:`QUERY_CHUNK`-query blocks of qh (a multiple of them)."""
-    blocks = qh.shape[3] // QUERY_CHUNK
+def _map_blocks(statics, qh, kh, vh, additive, allowed, chunk):
+    """``lax.map`` of :func:`_attend_block` over the ``chunk``-query blocks of qh (a multiple of them)."""
+    blocks = qh.shape[3] // chunk
 
     def split(x):
         """x's query axis split into [blocks, ...]; None for a broadcast query axis."""
         if x is None or x.shape[3] == 1:
             return None
-        return jnp.moveaxis(x.reshape(*x.shape[:3], blocks, QUERY_CHUNK, *x.shape[4:]), 3, 0)
+        return jnp.moveaxis(x.reshape(*x.shape[:3], blocks, chunk, *x.shape[4:]), 3, 0)
 
     per_block = (split(qh), split(additive), split(allowed))
     whole = (additive if per_block[1] is None else None, allowed if per_block[2] is None else None)
@@ -253,8 +264,8 @@ def _map_blocks(statics, qh, kh, vh, additive, allowed):
                              whole[1] if allowed_block is None else allowed_block, None)
 
     out, lse = lax.map(lambda xs: block(*xs), per_block)
-    out = jnp.moveaxis(out, 0, 3).reshape(*out.shape[1:4], blocks * QUERY_CHUNK, out.shape[-1])
-    return out, jnp.moveaxis(lse, 0, 3).reshape(*lse.shape[1:4], blocks * QUERY_CHUNK)
+    out = jnp.moveaxis(out, 0, 3).reshape(*out.shape[1:4], blocks * chunk, out.shape[-1])
+    return out, jnp.moveaxis(lse, 0, 3).reshape(*lse.shape[1:4], blocks * chunk)
 
 
 # The block's gradient is the softmax backward written out (as flash attention computes it: the probabilities
