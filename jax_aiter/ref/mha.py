@@ -152,8 +152,8 @@ def _grouped(x: jax.Array, kv_heads: int, groups: int) -> jax.Array:
 
 # Queries per block of the chunked form on GPUs and on the CPU: with more queries than this (and no dropout), each
 # block of queries is attended on its own, so neither pass holds the [Sq, Sk] float32 logits of a head at once,
-# only [chunk, Sk]. The CPU's smaller blocks keep a block's logits in its caches (measured 1.5-2x faster than 512
-# for S 1024-2048, docs/attention.md "Reference speed").
+# only [chunk, Sk]. The CPU's smaller blocks keep a block's logits in its caches (docs/attention.md, "Reference
+# speed").
 QUERY_CHUNK = 512
 CPU_QUERY_CHUNK = 128
 # The blocks are mapped in at most this many groups of consecutive blocks, each over the keys its window lets
