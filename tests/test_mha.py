@@ -1245,12 +1245,12 @@ def test_chunked_varlen_matches_per_sequence_calls(small_query_chunk):
                                                              causal=True)[0], **F32_PAIR_TOL)
 
 
-@pytest.mark.parametrize("platform, blocks, bf16_products", [("cpu", {"128"}, False), ("cuda", {"512"}, True),
-                                                             ("rocm", {"512"}, True)])
-def test_reference_lowers_with_its_platform_s_blocks_and_products(platform, blocks, bf16_products):
+@pytest.mark.parametrize("platform, blocks, float32_products", [("cpu", {"128"}, True), ("cuda", {"512"}, False),
+                                                                ("rocm", {"512"}, False)])
+def test_reference_lowers_with_its_platform_s_blocks_and_products(platform, blocks, float32_products):
     """The gradient of a causal bf16 call, lowered per platform: 128-query blocks over growing key ranges on the
-    CPU, 512-query blocks on GPUs (1100 queries: 3 blocks, one group), with bf16 tensor-core products there and
-    float32 ones on the CPU."""
+    CPU, 512-query blocks on GPUs (1100 queries: 3 blocks, one group). Products of two bf16 operands are bf16 dots
+    everywhere; those with a float32 operand are float32 dots on the CPU and bf16 ones (two parts) on GPUs."""
     import re
 
     from jax_aiter.ref import mha as ref_mha
@@ -1267,7 +1267,11 @@ def test_reference_lowers_with_its_platform_s_blocks_and_products(platform, bloc
     assert {rows for rows, keys in logits if keys != "1"} == blocks
     key_ranges = {keys for rows, keys in logits if keys not in ("1", "64")}
     assert key_ranges == ({"256", "512", "768", "1100"} if platform == "cpu" else {"1100"})
-    assert bool(re.search(r"stablehlo.dot_general[^\n]*xbf16>", text)) == bf16_products
+    def dots(dtype):
+        return len(re.findall(rf"dot_general[^\n]*: \(tensor<[0-9x]*x{dtype}>, tensor<[0-9x]*x{dtype}>\)", text))
+
+    assert dots("bf16") > 0
+    assert (dots("f32") > 0) == float32_products
 
 
 def test_reference_backward_memory_grows_linearly_with_the_sequence(monkeypatch):

@@ -8,9 +8,10 @@ absent: keys and values a query may not see (outside its window, in another sequ
 reach neither its output nor any gradient, even when they hold NaN or Inf.
 Gradients are the softmax backward written out (what autodiff of the forward gives, with masked entries and
 empty rows differentiating to exact zeros instead of NaN), from probabilities recomputed from the saved lse.
-On GPUs, with bfloat16 q, k and v, the products run on the bf16 tensor cores with float32 accumulation: bf16
-operands exactly, float32 ones (probabilities, their gradients) as two bf16 parts, 16 significant bits instead
-of 24 (see :func:`_product`); everywhere else, and for other dtypes, the products are float32.
+With bfloat16 q, k and v, products of two bf16-valued operands (q·k, dout·v) are bf16 dots with float32
+accumulation (exact products); on GPUs the products with a float32 operand (probabilities, their gradients) run
+on the bf16 tensor cores too, that operand as two bf16 parts, 16 significant bits instead of 24 (see
+:func:`_product`); on the CPU, and for other dtypes, those are float32.
 """
 
 from __future__ import annotations
@@ -404,10 +405,10 @@ def _weighted_values(statics, weights, v, allowed):
 
 
 def _product(subscripts, x, y, x_bf16, y_bf16):
-    """A float32 einsum. On the CPU the operands are multiplied in float32; on GPUs, when either operand holds
-    bf16 values (``x_bf16`` / ``y_bf16``), on the bf16 tensor cores with float32 accumulation: a bf16-valued
-    operand goes as it is (exactly), a float32 one as the sum of two bf16 parts (16 of its 24 significant
-    bits), where float32 products would run several times slower."""
+    """A float32 einsum. When both operands hold bf16 values (``x_bf16``, ``y_bf16``), a bf16 dot with float32
+    accumulation everywhere: its products are exact. When one of them does, on GPUs the bf16 tensor cores as
+    well, the float32 operand as the sum of two bf16 parts (16 of its 24 significant bits), where float32
+    products would run several times slower; on the CPU the operands are multiplied in float32."""
 
     def float32(x, y):
         # HIGHEST keeps float32 products exact on GPUs, where the default would round inputs to TF32/bf16.
@@ -421,6 +422,8 @@ def _product(subscripts, x, y, x_bf16, y_bf16):
                  for a in _bf16_parts(x, x_bf16) for b in _bf16_parts(y, y_bf16)]
         return functools.reduce(jnp.add, terms)
 
+    if x_bf16 and y_bf16:
+        return tensor_cores(x, y)
     return lax.platform_dependent(x, y, cpu=float32, default=tensor_cores)
 
 
