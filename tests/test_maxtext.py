@@ -21,7 +21,7 @@ from jax_aiter.maxtext import MODES, RECIPES, resolve, run
 
 _BANNER_LINES = {
     # mode -> the projections line's mark
-    "mxfp4": "gemm_fp4_bf16 with Mxfp4Recipe.default()",
+    "mxfp4": "gemm_fp4_bf16 with Mxfp4Recipe.keyed_hadamard()",
     "fp8": "gemm_fp8 with Fp8Recipe.default() (per-tensor current scaling",
     "bf16": "block projections are MaxText's own BF16 dot_general",
 }
@@ -288,9 +288,12 @@ def test_policies_maxtext_cannot_honour_are_refused(integration):
         integration.AiterQuantization(PrecisionPolicy.mxfp4(lm_head=True))
     with pytest.raises(ValueError, match="bf16_first_blocks"):
         integration.AiterQuantization(PrecisionPolicy.mxfp4(bf16_first_blocks=1))
+    # The default MXFP4 policy keeps its last third of the blocks BF16, which MaxText cannot express.
+    with pytest.raises(ValueError, match="bf16_last_fraction"):
+        integration.enable(PrecisionPolicy.mxfp4())
     stochastic = dataclasses.replace(Mxfp4Recipe.default(), gradient_stochastic=True)
     with pytest.raises(ValueError, match="stochastic rounding"):
-        integration.enable(PrecisionPolicy.mxfp4(stochastic))
+        integration.enable(PrecisionPolicy.mxfp4(stochastic, bf16_last_fraction=0))
     with pytest.raises(TypeError, match="PrecisionPolicy"):
         integration.enable("mxfp4")
 
@@ -301,11 +304,13 @@ def test_enable_replaces_two_maxtext_functions_and_disable_restores_them(integra
     from jax_aiter.precision import PrecisionPolicy
 
     originals = (quantizations.configure_quantization, attention_op.AttentionOp.apply_attention)
-    integration.enable(PrecisionPolicy.mxfp4())
+    every_block = PrecisionPolicy.mxfp4(bf16_last_fraction=0)
+    assert integration.policy_for_mode("mxfp4") == every_block
+    integration.enable(every_block)
     config = types.SimpleNamespace(quantization="", use_qwix_quantization=False)
     quant = quantizations.configure_quantization(config)
-    assert isinstance(quant, integration.AiterQuantization) and quant.policy == PrecisionPolicy.mxfp4()
-    assert quant.dot_general_cls(("embed", "mlp"))().recipe == PrecisionPolicy.mxfp4().linear
+    assert isinstance(quant, integration.AiterQuantization) and quant.policy == every_block
+    assert quant.dot_general_cls(("embed", "mlp"))().recipe == every_block.linear
     with pytest.raises(ValueError, match="quantization='fp8'"):
         quantizations.configure_quantization(types.SimpleNamespace(quantization="fp8"))
     integration.enable(PrecisionPolicy.bf16())  # BF16: MaxText's own path, which builds no quantization here

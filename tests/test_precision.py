@@ -30,11 +30,18 @@ def test_bf16_policy_is_bf16_everywhere():
                                                     "embedding": None}
 
 
-def test_mxfp4_policy_keeps_lm_head_and_embedding_bf16_by_default():
-    default = Mxfp4Recipe.default()
-    assert _recipes(PrecisionPolicy.mxfp4(), 2) == {"attention": [default] * 2, "mlp": [default] * 2,
+def test_mxfp4_policy_keeps_lm_head_embedding_and_the_last_third_bf16_by_default():
+    keyed = Mxfp4Recipe.keyed_hadamard()
+    assert keyed == Mxfp4Recipe(hadamard_seed=0)
+    # 12 blocks (the 75 M model the default was measured on): blocks 8-11 BF16; 2 blocks: a third is no block.
+    assert _recipes(PrecisionPolicy.mxfp4(), 12) == {"attention": [keyed] * 8 + [None] * 4,
+                                                      "mlp": [keyed] * 8 + [None] * 4, "lm_head": None,
+                                                      "embedding": None}
+    assert _recipes(PrecisionPolicy.mxfp4(), 2) == {"attention": [keyed] * 2, "mlp": [keyed] * 2,
                                                      "lm_head": None, "embedding": None}
-    everything = PrecisionPolicy.mxfp4(SR, lm_head=True, embedding=True)
+    every_block = PrecisionPolicy.mxfp4(Mxfp4Recipe.default(), bf16_last_fraction=0)
+    assert _recipes(every_block, 12)["mlp"] == [Mxfp4Recipe.default()] * 12
+    everything = PrecisionPolicy.mxfp4(SR, lm_head=True, embedding=True, bf16_last_fraction=0.0)
     assert _recipes(everything, 2) == {"attention": [SR] * 2, "mlp": [SR] * 2, "lm_head": SR, "embedding": SR}
 
 
@@ -48,6 +55,24 @@ def test_fp8_policy():
     mixed = PrecisionPolicy(linear=Mxfp4Recipe.default(), lm_head=fp8)
     assert mixed.recipe_for("lm_head") == fp8 and mixed.recipe_for("mlp", 0, 1) == Mxfp4Recipe.default()
     assert not PrecisionPolicy.fp8(lm_head=True).uses_stochastic_rounding
+
+
+@pytest.mark.parametrize("fraction, last", [
+    (1 / 3, {1: 0, 2: 0, 3: 1, 5: 1, 6: 2, 12: 4, 24: 8, 32: 10, 36: 12}),
+    (0.25, {3: 0, 4: 1, 12: 3, 32: 8}),
+    (0.0, {1: 0, 12: 0}),
+    (0.999, {1: 0, 2: 1, 12: 11}),
+])
+def test_bf16_last_fraction_counts_whole_blocks_rounded_down(fraction, last):
+    policy = PrecisionPolicy.mxfp4(SR, bf16_last_fraction=fraction)
+    for blocks, count in last.items():
+        assert policy.bf16_last_count(blocks) == count
+        assert _recipes(policy, blocks)["mlp"] == [SR] * (blocks - count) + [None] * count
+
+
+def test_bf16_last_blocks_and_fraction_take_the_larger():
+    policy = PrecisionPolicy.mxfp4(SR, bf16_last_blocks=2, bf16_last_fraction=1 / 3)
+    assert [policy.bf16_last_count(n) for n in (3, 6, 9, 12)] == [2, 2, 3, 4]
 
 
 def test_first_and_last_blocks_run_bf16():
@@ -93,6 +118,11 @@ def test_uses_stochastic_rounding():
     (lambda: PrecisionPolicy.fp8(embedding="yes"), TypeError, "^embedding must be a bool"),
     (lambda: PrecisionPolicy.mxfp4(lm_head=1), TypeError, "^lm_head must be a bool"),
     (lambda: PrecisionPolicy.mxfp4(bf16_last_blocks=-2), ValueError, "^bf16_last_blocks"),
+    (lambda: PrecisionPolicy(bf16_last_fraction=1.0), ValueError, r"^bf16_last_fraction must be in \[0, 1\), got 1.0"),
+    (lambda: PrecisionPolicy(bf16_last_fraction=-0.1), ValueError, "^bf16_last_fraction must be in"),
+    (lambda: PrecisionPolicy(bf16_last_fraction="1/3"), TypeError, "^bf16_last_fraction must be a float"),
+    (lambda: PrecisionPolicy.mxfp4(bf16_last_fraction=True), TypeError, "^bf16_last_fraction must be a float"),
+    (lambda: PrecisionPolicy.mxfp4().bf16_last_count(0), ValueError, "^blocks must be a positive int, got 0"),
     (lambda: PrecisionPolicy.bf16().recipe_for("head"), ValueError, "^role must be one of"),
     (lambda: PrecisionPolicy.bf16().recipe_for("mlp"), TypeError, "^block must be an int for role 'mlp'"),
     (lambda: PrecisionPolicy.bf16().recipe_for("mlp", 0), TypeError, "^blocks must be an int"),
@@ -159,12 +189,24 @@ def test_mxfp4_then_fp8_is_the_measured_arm():
     from jax_aiter.examples import convergence
 
     schedule = PrecisionSchedule.mxfp4_then_fp8()
-    assert schedule.policy == PrecisionPolicy.mxfp4(Mxfp4Recipe(hadamard_seed=0), bf16_last_blocks=2)
+    assert schedule.policy == PrecisionPolicy.mxfp4(Mxfp4Recipe(hadamard_seed=0), bf16_last_blocks=2,
+                                                    bf16_last_fraction=0)
     assert schedule.final_policy == PrecisionPolicy.fp8() and schedule.final_fraction == 0.25
     assert convergence.ARMS["mxfp4-signed-hadamard-bf16-last2-then-fp8-last25"].schedule == schedule
     assert schedule.final_from(2000) == 1500
     custom = PrecisionSchedule.mxfp4_then_fp8(SR, bf16_last_blocks=0, final_fraction=0.1)
-    assert custom.policy == PrecisionPolicy.mxfp4(SR) and custom.final_from(2000) == 1800
+    assert custom.policy == PrecisionPolicy.mxfp4(SR, bf16_last_fraction=0) and custom.final_from(2000) == 1800
+
+
+def test_default_mxfp4_policy_is_the_measured_arm():
+    """On the 75 M model's 12 blocks the default policy is the static arm whose H200 result docs/convergence.md
+    records (keyed signs, the last 4 blocks BF16); the old default is the arm mxfp4-every-block."""
+    from jax_aiter.examples import convergence
+
+    measured = convergence.ARMS["mxfp4-signed-hadamard-bf16-last4"].policy
+    assert _recipes(PrecisionPolicy.mxfp4(), 12) == _recipes(measured, 12)
+    assert convergence.ARMS["mxfp4"].policy == PrecisionPolicy.mxfp4()
+    assert _recipes(convergence.ARMS["mxfp4-every-block"].policy, 12)["mlp"] == [Mxfp4Recipe.default()] * 12
 
 
 @pytest.mark.parametrize("make, error, message", [

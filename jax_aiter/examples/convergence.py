@@ -81,57 +81,73 @@ class Arm:
 
 
 _SR_GRAD = Mxfp4Recipe(gradient_stochastic=True)
-_SIGNED = Mxfp4Recipe(hadamard_seed=0)
+_SIGNED = Mxfp4Recipe.keyed_hadamard()
+
+
+def _every_block(recipe: Mxfp4Recipe | None = None, **blocks: Any) -> PrecisionPolicy:
+    """``recipe`` (default ``Mxfp4Recipe.default()``) on the blocks but those ``blocks`` names: the arms measured
+    before the default policy kept a share of the blocks in BF16 keep their meaning."""
+    return PrecisionPolicy.mxfp4(Mxfp4Recipe.default() if recipe is None else recipe, bf16_last_fraction=0.0,
+                                 **blocks)
+
+
 ARMS = {
     REFERENCE: Arm(PrecisionPolicy.bf16(), "every projection BF16 (the reference)"),
     "fp8": Arm(PrecisionPolicy.fp8(), "FP8 current scaling (E4M3 forward, E5M2 gradients) on the blocks, LM head "
                "and embedding BF16"),
     "fp8-all": Arm(PrecisionPolicy.fp8(lm_head=True), "FP8 current scaling on every projection, LM head included"),
-    "mxfp4": Arm(PrecisionPolicy.mxfp4(), "default MXFP4 policy: blocks Mxfp4Recipe.default(), LM head and "
-                 "embedding BF16"),
-    "mxfp4-all": Arm(PrecisionPolicy.mxfp4(lm_head=True), "Mxfp4Recipe.default() on every projection, LM head "
-                     "included"),
-    "mxfp4-sr-grad": Arm(PrecisionPolicy.mxfp4(_SR_GRAD), "default + stochastic rounding of the gradient"),
-    "mxfp4-gradient-hadamard": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe.gradient_hadamard()),
+    "mxfp4": Arm(PrecisionPolicy.mxfp4(), "the default MXFP4 policy: Mxfp4Recipe.keyed_hadamard() on the blocks but "
+                 "the last third, those, the LM head and the embedding BF16"),
+    "mxfp4-every-block": Arm(_every_block(), "Mxfp4Recipe.default() on every block, LM head and embedding BF16 (the "
+                             "default policy until 2026-12-03)"),
+    "mxfp4-all": Arm(_every_block(lm_head=True), "Mxfp4Recipe.default() on every projection, LM head included"),
+    "mxfp4-sr-grad": Arm(_every_block(_SR_GRAD),
+                         "Mxfp4Recipe.default() on every block, stochastic rounding of the gradient"),
+    "mxfp4-gradient-hadamard": Arm(_every_block(Mxfp4Recipe.gradient_hadamard()),
                                    "paired Hadamard 16 on dgrad and wgrad"),
-    "mxfp4-gradient-hadamard-all": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe.gradient_hadamard(), lm_head=True),
+    "mxfp4-gradient-hadamard-all": Arm(_every_block(Mxfp4Recipe.gradient_hadamard(), lm_head=True),
                                        "paired Hadamard 16 on dgrad and wgrad, LM head included"),
     "mxfp4-gradient-hadamard-sr-grad": Arm(
-        PrecisionPolicy.mxfp4(Mxfp4Recipe(dgrad_hadamard=16, gradient_stochastic=True)),
+        _every_block(Mxfp4Recipe(dgrad_hadamard=16, gradient_stochastic=True)),
         "paired Hadamard 16 on dgrad and wgrad + stochastic rounding of the gradient"),
-    "mxfp4-signed-hadamard": Arm(PrecisionPolicy.mxfp4(_SIGNED),
-                                 "default with keyed random-sign Hadamard (hadamard_seed=0)"),
-    "mxfp4-wgrad-h32": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(wgrad_hadamard=32)), "paired Hadamard 32 on wgrad"),
-    "mxfp4-fprop-hadamard": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(fprop_hadamard=16)),
+    "mxfp4-signed-hadamard": Arm(_every_block(_SIGNED),
+                                 "Mxfp4Recipe.keyed_hadamard() on every block"),
+    "mxfp4-wgrad-h32": Arm(_every_block(Mxfp4Recipe(wgrad_hadamard=32)), "paired Hadamard 32 on wgrad"),
+    "mxfp4-fprop-hadamard": Arm(_every_block(Mxfp4Recipe(fprop_hadamard=16)),
                                 "paired Hadamard 16 on fprop and wgrad"),
-    "mxfp4-scale-ceil": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(activation_scale_rule="ceil", weight_scale_rule="ceil",
-                                                              gradient_scale_rule="ceil")),
-                            "default with the never-saturating 'ceil' scale rule for every role"),
-    "mxfp4-weight-tiles": Arm(PrecisionPolicy.mxfp4(Mxfp4Recipe(weight_tile_scaling=True)),
-                              "default with one scale per 32 x 32 weight tile (fprop and dgrad share the weight)"),
-    "mxfp4-bf16-last2": Arm(PrecisionPolicy.mxfp4(bf16_last_blocks=2), "default, the last 2 blocks BF16"),
-    "mxfp4-bf16-first1-last1": Arm(PrecisionPolicy.mxfp4(bf16_first_blocks=1, bf16_last_blocks=1),
-                                   "default, the first and the last block BF16"),
-    "mxfp4-signed-hadamard-bf16-last2": Arm(PrecisionPolicy.mxfp4(_SIGNED, bf16_last_blocks=2),
+    "mxfp4-scale-ceil": Arm(_every_block(Mxfp4Recipe(activation_scale_rule="ceil", weight_scale_rule="ceil",
+                                                     gradient_scale_rule="ceil")),
+                            "Mxfp4Recipe.default() with the never-saturating 'ceil' scale rule for every role"),
+    "mxfp4-weight-tiles": Arm(_every_block(Mxfp4Recipe(weight_tile_scaling=True)),
+                              "Mxfp4Recipe.default() with one scale per 32 x 32 weight tile (fprop and dgrad share "
+                              "the weight)"),
+    "mxfp4-bf16-last2": Arm(_every_block(bf16_last_blocks=2), "Mxfp4Recipe.default(), the last 2 blocks BF16"),
+    "mxfp4-bf16-first1-last1": Arm(_every_block(bf16_first_blocks=1, bf16_last_blocks=1),
+                                   "Mxfp4Recipe.default(), the first and the last block BF16"),
+    "mxfp4-signed-hadamard-bf16-last2": Arm(_every_block(_SIGNED, bf16_last_blocks=2),
                                             "keyed random-sign Hadamard (hadamard_seed=0), the last 2 blocks BF16"),
     "mxfp4-signed-hadamard-bf16-first1-last2": Arm(
-        PrecisionPolicy.mxfp4(_SIGNED, bf16_first_blocks=1, bf16_last_blocks=2),
+        _every_block(_SIGNED, bf16_first_blocks=1, bf16_last_blocks=2),
         "keyed random-sign Hadamard (hadamard_seed=0), the first block and the last 2 blocks BF16"),
-    "mxfp4-signed-hadamard-bf16-last4": Arm(PrecisionPolicy.mxfp4(_SIGNED, bf16_last_blocks=4),
+    "mxfp4-signed-hadamard-bf16-last3": Arm(_every_block(_SIGNED, bf16_last_blocks=3),
+                                            "keyed random-sign Hadamard (hadamard_seed=0), the last 3 blocks BF16"),
+    "mxfp4-signed-hadamard-bf16-last4": Arm(_every_block(_SIGNED, bf16_last_blocks=4),
                                             "keyed random-sign Hadamard (hadamard_seed=0), the last 4 blocks BF16"),
     "mxfp4-signed-hadamard-scale-ceil-bf16-last2": Arm(
-        PrecisionPolicy.mxfp4(dataclasses.replace(_SIGNED, activation_scale_rule="ceil", weight_scale_rule="ceil",
-                                                  gradient_scale_rule="ceil"), bf16_last_blocks=2),
+        _every_block(dataclasses.replace(_SIGNED, activation_scale_rule="ceil", weight_scale_rule="ceil",
+                                         gradient_scale_rule="ceil"), bf16_last_blocks=2),
         "keyed random-sign Hadamard (hadamard_seed=0), the 'ceil' scale rule for every role, the last 2 blocks BF16"),
-    "mxfp4-then-fp8": Arm(PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.fp8(), 0.1),
-                          "default MXFP4 policy, then FP8 current scaling for the last 10 % of the steps"),
-    "mxfp4-then-fp8-last25": Arm(PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.fp8(), 0.25),
-                                 "default MXFP4 policy, then FP8 current scaling for the last 25 % of the steps"),
+    "mxfp4-then-fp8": Arm(PrecisionSchedule(_every_block(), PrecisionPolicy.fp8(), 0.1),
+                          "Mxfp4Recipe.default() on every block, then FP8 current scaling for the last 10 % of the "
+                          "steps"),
+    "mxfp4-then-fp8-last25": Arm(PrecisionSchedule(_every_block(), PrecisionPolicy.fp8(), 0.25),
+                                 "Mxfp4Recipe.default() on every block, then FP8 current scaling for the last 25 % "
+                                 "of the steps"),
     "mxfp4-signed-hadamard-bf16-last2-then-fp8-last25": Arm(
         PrecisionSchedule.mxfp4_then_fp8(), "keyed random-sign Hadamard (hadamard_seed=0), the last 2 blocks BF16, "
         "then FP8 current scaling for the last 25 % of the steps"),
-    "mxfp4-then-bf16": Arm(PrecisionSchedule(PrecisionPolicy.mxfp4(), PrecisionPolicy.bf16(), 0.1),
-                           "default MXFP4 policy, then BF16 for the last 10 % of the steps"),
+    "mxfp4-then-bf16": Arm(PrecisionSchedule(_every_block(), PrecisionPolicy.bf16(), 0.1),
+                           "Mxfp4Recipe.default() on every block, then BF16 for the last 10 % of the steps"),
 }
 DEFAULT_ARMS = (REFERENCE, "fp8", "mxfp4", "mxfp4-all")
 
@@ -361,7 +377,7 @@ def _policy_json(policy: PrecisionPolicy) -> dict:
 
     return {"linear": recipe(policy.linear), "lm_head": recipe(policy.lm_head),
             "embedding": recipe(policy.embedding), "bf16_first_blocks": policy.bf16_first_blocks,
-            "bf16_last_blocks": policy.bf16_last_blocks}
+            "bf16_last_blocks": policy.bf16_last_blocks, "bf16_last_fraction": policy.bf16_last_fraction}
 
 
 def lower_step(setup: Setup, policy: PrecisionPolicy) -> jax.stages.Lowered:

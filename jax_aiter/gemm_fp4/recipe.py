@@ -67,6 +67,13 @@ class Mxfp4Recipe:
         each GEMM so the product is unbiased."""
         return cls(dgrad_hadamard=16, wgrad_hadamard=16)
 
+    @classmethod
+    def keyed_hadamard(cls) -> Mxfp4Recipe:
+        """The default with keyed random signs on its rotation (``hadamard_seed=0``): the recipe of the default
+        training policy, ``PrecisionPolicy.mxfp4()``. The forward GEMM is the default's; the signs change how wgrad's
+        operands are rotated before they are quantized, not the exact product."""
+        return cls(hadamard_seed=0)
+
     # Alias of gradient_hadamard, the name this preset had in jax-aiter 0.1.0.
     peer_parity = gradient_hadamard
 

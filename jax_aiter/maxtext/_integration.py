@@ -60,10 +60,11 @@ def check_policy(policy: PrecisionPolicy) -> None:
             raise ValueError(f"policy.{role}: MaxText passes no quantization object to its {role} "
                              f"({'logits_dense' if role == 'lm_head' else 'token_embedder'}), which stays BF16; "
                              f"use a policy with {role}=None")
-    if policy.bf16_first_blocks or policy.bf16_last_blocks:
-        raise ValueError("policy.bf16_first_blocks / bf16_last_blocks: MaxText builds every decoder layer's "
-                         "projections from one quantization object without the layer's index (and scans them "
-                         "as one body), so every block runs policy.linear; use 0 for both")
+    if policy.bf16_first_blocks or policy.bf16_last_blocks or policy.bf16_last_fraction:
+        raise ValueError("policy.bf16_first_blocks / bf16_last_blocks / bf16_last_fraction: MaxText builds every "
+                         "decoder layer's projections from one quantization object without the layer's index (and "
+                         "scans them as one body), so every block runs policy.linear; use 0 for all three (e.g. "
+                         "PrecisionPolicy.mxfp4(bf16_last_fraction=0))")
     if isinstance(policy.linear, Mxfp4Recipe) and policy.linear.uses_stochastic_rounding:
         raise ValueError("policy.linear: a recipe with stochastic rounding needs a fresh key per step, and "
                          "MaxText's dot_general call carries none; use a round-to-nearest recipe")
@@ -205,8 +206,11 @@ def disable() -> None:
 
 
 def policy_for_mode(mode: str) -> PrecisionPolicy:
-    """The precision policy of a recipe mode (``jax_aiter.maxtext.MODES``): ``PrecisionPolicy.mxfp4()``,
-    ``.fp8()`` or ``.bf16()``."""
+    """The precision policy of a recipe mode (``jax_aiter.maxtext.MODES``): ``PrecisionPolicy.mxfp4()`` with every
+    block MXFP4 (MaxText's layers carry no index, so the default's BF16 share cannot be kept), ``.fp8()`` or
+    ``.bf16()``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
+    if MODES[mode][0] == "mxfp4":
+        return PrecisionPolicy.mxfp4(bf16_last_fraction=0.0)
     return getattr(PrecisionPolicy, MODES[mode][0])()
