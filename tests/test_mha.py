@@ -1217,6 +1217,20 @@ def test_chunked_reference_matches_the_float64_oracle(small_query_chunk, options
             np.testing.assert_allclose(got, want, **GRAD_TOL)
 
 
+def test_chunked_half_precision_gradients_without_a_mask_are_rounded_once(small_query_chunk):
+    """bf16 without a mask in 4-query blocks (on the CPU: the backward over 4-key blocks, 9 keys: two and one
+    left): output and gradients are float32 math on the rounded inputs rounded once to bf16, half an ulp from the
+    float64 oracle (dq summed over the key blocks in float32, dk and dv one product each)."""
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in qkv(sq=11, sk=9, hq=4, hk=2, dim=16, seed=505))
+    dout = jnp.asarray(rand((2, 11, 4, 16), 506), jnp.bfloat16)
+    out, vjp = jax.vjp(lambda q, k, v: flash_attn_func(q, k, v), q, k, v)
+    q64, k64, v64, dout64 = (np.asarray(x, np.float64) for x in (q, k, v, dout))
+    want, _, probs = oracle(q64, k64, v64)
+    _oracle.assert_close(out, want, jnp.bfloat16, factor=0.5)
+    for got, want in zip(vjp(dout), oracle_grads(q64, k64, v64, dout64, probs)[:3]):
+        _oracle.assert_close(got, want, jnp.bfloat16, factor=0.5)
+
+
 @pytest.mark.parametrize("window", [(-1, 0), (3, 1), (0, 0), (2, -1), (-1, 2), (-1, -1)])
 @pytest.mark.parametrize("sq,sk", [(16, 16), (16, 9), (9, 16)])
 def test_window_key_range_holds_every_key_a_window_allows(window, sq, sk):
