@@ -1099,9 +1099,13 @@ def test_softcap_forward_and_lse_match_oracle(causal):
     assert not np.allclose(out, flash_attn_func(q, k, v, causal=causal, bias=rand((6, 7), 401)))
 
 
-def test_softcap_gradients_match_central_differences():
-    q, k, v = qkv(batch=1, sq=3, sk=4, hq=2, hk=1, dim=4, seed=410)
-    dout = rand((1, 3, 2, 4), 411)
+@pytest.mark.parametrize("blocks", [False, True], ids=["whole", "blocks"])
+def test_softcap_gradients_match_central_differences(blocks, request):
+    """Also in 4-query blocks, whose backward on the CPU runs over 4-key blocks (6 keys: one and two left)."""
+    if blocks:
+        request.getfixturevalue("small_query_chunk")
+    q, k, v = qkv(batch=1, sq=5, sk=6, hq=2, hk=1, dim=4, seed=410)
+    dout = rand((1, 5, 2, 4), 411)
 
     def loss64(q64, k64, v64):
         return float(np.sum(oracle(q64, k64, v64, softcap=1.5)[0] * dout))
@@ -1185,14 +1189,16 @@ def small_query_chunk(monkeypatch):
 
 @pytest.mark.parametrize("options", [dict(causal=True), dict(window_size=(3, 1)), dict(), dict(softcap=2.0)],
                          ids=["causal", "window", "full", "softcap"])
-@pytest.mark.parametrize("sq,sk,bias_shape", [(11, 9, (11, 9)), (33, 30, (33, 30)), (33, 37, (33, 1))],
-                         ids=["three-blocks", "grouped", "grouped-row-bias"])
+@pytest.mark.parametrize("sq,sk,bias_shape", [(11, 9, (11, 9)), (33, 30, (33, 30)), (33, 37, (33, 1)), (11, 8, None),
+                                              (33, 37, None)],
+                         ids=["three-blocks", "grouped", "grouped-row-bias", "key-blocks", "key-blocks-and-rest"])
 def test_chunked_reference_matches_the_float64_oracle(small_query_chunk, options, sq, sk, bias_shape):
     """With 4-query blocks, 11 queries take three blocks (the last padded), 33 queries nine blocks in four
-    groups, each over the keys its window leaves it: outputs, lse and gradients (with lse's) still equal the
-    float64 oracle."""
+    groups, each over the keys its window leaves it; without a mask or bias the CPU's backward runs over 4-key
+    blocks instead (8 keys: two; 37: nine and one key left): outputs, lse and gradients (with lse's) still equal
+    the float64 oracle."""
     q, k, v = qkv(sq=sq, sk=sk, seed=500)
-    bias = rand(bias_shape, 501)
+    bias = None if bias_shape is None else rand(bias_shape, 501)
     window = options.get("window_size", (-1, 0) if options.get("causal") else (-1, -1))
     out, lse = flash_attn_func(q, k, v, bias=bias, return_lse=True, **options)
     want_out, want_lse, probs = oracle(q, k, v, window=window, bias=bias, softcap=options.get("softcap", 0.0))
@@ -1209,6 +1215,20 @@ def test_chunked_reference_matches_the_float64_oracle(small_query_chunk, options
         grads = jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
         for got, want in zip(grads, oracle_grads(q, k, v, dout, probs, dlse=finite_dlse)[:3]):
             np.testing.assert_allclose(got, want, **GRAD_TOL)
+
+
+def test_chunked_half_precision_gradients_without_a_mask_are_rounded_once(small_query_chunk):
+    """bf16 without a mask in 4-query blocks (on the CPU: the backward over 4-key blocks, 9 keys: two and one
+    left): output and gradients are float32 math on the rounded inputs rounded once to bf16, half an ulp from the
+    float64 oracle (dq summed over the key blocks in float32, dk and dv one product each)."""
+    q, k, v = (jnp.asarray(x, jnp.bfloat16) for x in qkv(sq=11, sk=9, hq=4, hk=2, dim=16, seed=505))
+    dout = jnp.asarray(rand((2, 11, 4, 16), 506), jnp.bfloat16)
+    out, vjp = jax.vjp(lambda q, k, v: flash_attn_func(q, k, v), q, k, v)
+    q64, k64, v64, dout64 = (np.asarray(x, np.float64) for x in (q, k, v, dout))
+    want, _, probs = oracle(q64, k64, v64)
+    _oracle.assert_close(out, want, jnp.bfloat16, factor=0.5)
+    for got, want in zip(vjp(dout), oracle_grads(q64, k64, v64, dout64, probs)[:3]):
+        _oracle.assert_close(got, want, jnp.bfloat16, factor=0.5)
 
 
 @pytest.mark.parametrize("window", [(-1, 0), (3, 1), (0, 0), (2, -1), (-1, 2), (-1, -1)])
@@ -1274,9 +1294,35 @@ def test_reference_lowers_with_its_platform_s_blocks_and_products(platform, bloc
     assert (dots("f32") > 0) == float32_products
 
 
-def test_reference_backward_memory_grows_linearly_with_the_sequence(monkeypatch):
-    """Gradient of a causal call: the compiled program's scratch memory grows about linearly with the sequence
-    length (blocks of [QUERY_CHUNK, Sk] logits), where the unblocked form grows with its square."""
+@pytest.mark.parametrize("platform, query_blocks, key_blocks", [("cpu", {"128"}, {"128", "76"}),
+                                                              ("cuda", {"512"}, set()), ("rocm", {"512"}, set())])
+def test_reference_without_a_mask_lowers_a_backward_over_key_blocks_on_the_cpu_only(platform, query_blocks,
+                                                                                    key_blocks):
+    """The gradient of a bf16 call without a mask, lowered per platform: on the CPU the forward's logits come in
+    128-query blocks and the backward's key-major ([B, Hk, keys, G, Sq]) in 128-key blocks (1100 keys: eight and
+    76 left); GPUs keep 512-query blocks in both passes."""
+    import re
+
+    from jax_aiter.ref import mha as ref_mha
+
+    q = jax.ShapeDtypeStruct((1, 1100, 4, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((1, 1100, 2, 64), jnp.bfloat16)
+
+    def loss(q, k, v):
+        return ref_mha.attention(q, k, v, bias=None, alibi_slopes=None, dropout_seed=None, softmax_scale=0.125,
+                                 window=(-1, -1), dropout_p=0.0)[0].astype(jnp.float32).sum()
+
+    text = jax.jit(jax.grad(loss, argnums=(0, 1, 2))).trace(q, kv, kv).lower(lowering_platforms=(platform,)).as_text()
+    assert set(re.findall(r"tensor<1x2x2x(\d+)x1100xf32>", text)) == query_blocks
+    # Besides the key blocks: the row terms [B, Hk, 1, G, Sq] and dq's accumulator [B, Hk, D, G, Sq].
+    assert set(re.findall(r"tensor<1x2x(\d+)x2x1100xf32>", text)) - {"1", "64"} == key_blocks
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "no-mask"])
+def test_reference_backward_memory_grows_linearly_with_the_sequence(monkeypatch, causal):
+    """Gradient of a causal call, and of one without a mask (on the CPU: a backward over key blocks): the compiled
+    program's scratch memory grows about linearly with the sequence length (blocks of [QUERY_CHUNK, Sk] logits),
+    where the unblocked form grows with its square."""
     from jax_aiter.ref import mha as ref_mha
 
     def scratch(length, chunk):
@@ -1284,7 +1330,7 @@ def test_reference_backward_memory_grows_linearly_with_the_sequence(monkeypatch)
         monkeypatch.setattr(ref_mha, "CPU_QUERY_CHUNK", chunk)
         jax.clear_caches()
         q = jax.ShapeDtypeStruct((1, length, 2, 64), jnp.bfloat16)
-        grad = jax.jit(jax.grad(lambda q, k, v: flash_attn_func(q, k, v, causal=True).astype(jnp.float32).sum(),
+        grad = jax.jit(jax.grad(lambda q, k, v: flash_attn_func(q, k, v, causal=causal).astype(jnp.float32).sum(),
                                 argnums=(0, 1, 2)))
         with use_backend(flash_attn="xla"):
             return grad.lower(q, q, q).compile().memory_analysis().temp_size_in_bytes

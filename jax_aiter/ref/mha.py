@@ -7,7 +7,8 @@ A query row that may see no key gets output 0 and lse −inf, and no gradient fl
 absent: keys and values a query may not see (outside its window, in another sequence, past the last offset)
 reach neither its output nor any gradient, even when they hold NaN or Inf.
 Gradients are the softmax backward written out (what autodiff of the forward gives, with masked entries and
-empty rows differentiating to exact zeros instead of NaN), from probabilities recomputed from the saved lse.
+empty rows differentiating to exact zeros instead of NaN), from probabilities recomputed from the saved lse; on
+the CPU, calls without a mask or bias compute them in blocks of keys (:func:`_attend_unmasked`).
 With bfloat16 q, k and v, products of two bf16-valued operands (q·k, dout·v) are bf16 dots with float32
 accumulation (exact products); on GPUs the products with a float32 operand (probabilities, their gradients) run
 on the bf16 tensor cores too, that operand as two bf16 parts, 16 significant bits instead of 24 (see
@@ -154,7 +155,7 @@ def _grouped(x: jax.Array, kv_heads: int, groups: int) -> jax.Array:
 # Queries per block of the chunked form on GPUs and on the CPU: with more queries than this (and no dropout), each
 # block of queries is attended on its own, so neither pass holds the [Sq, Sk] float32 logits of a head at once,
 # only [chunk, Sk]. The CPU's smaller blocks keep a block's logits in its caches (docs/attention.md, "Reference
-# speed").
+# speed"); its backward without a mask runs over blocks of as many keys.
 QUERY_CHUNK = 512
 CPU_QUERY_CHUNK = 128
 # The blocks are mapped in at most this many groups of consecutive blocks, each over the keys its window lets
@@ -179,7 +180,8 @@ def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout
     Long query sequences without dropout are attended in blocks of :data:`QUERY_CHUNK` queries
     (:data:`CPU_QUERY_CHUNK` on the CPU; a ``lax.map``):
     every query row is computed by the same formulas, equal to the unblocked form up to float32 summation order.
-    With dropout the whole [Sq, Sk] grid is kept, because the dropout mask is drawn over it.
+    With dropout the whole [Sq, Sk] grid is kept, because the dropout mask is drawn over it. On the CPU, without a
+    mask or bias, the backward runs over blocks of keys instead (:func:`_attend_unmasked`).
     """
     batch, sq, q_heads, _ = q.shape
     kv_heads = k.shape[2]
@@ -196,11 +198,16 @@ def _attend(q, k, v, *, scale, softcap, allowed, additive, dropout_seed, dropout
             return lambda *operands: _attend_block(statics, *operands, dropout_seed)
         return lambda *operands: _attend_chunked(statics, *operands, key_range, chunk)
 
+    def attend_cpu(*operands):
+        if additive is None and allowed is None:
+            return _attend_unmasked(statics, *operands[:3], CPU_QUERY_CHUNK)
+        return attend(CPU_QUERY_CHUNK)(*operands)
+
     operands = (qh, kh, vh, additive, allowed)
     if dropout_p > 0 or sq <= min(QUERY_CHUNK, CPU_QUERY_CHUNK):
         out, lse = attend(QUERY_CHUNK)(*operands)
     else:
-        out, lse = lax.platform_dependent(*operands, cpu=attend(CPU_QUERY_CHUNK), default=attend(QUERY_CHUNK))
+        out, lse = lax.platform_dependent(*operands, cpu=attend_cpu, default=attend(QUERY_CHUNK))
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(batch, sq, q_heads, v.shape[-1])
     return out, lse.reshape(batch, q_heads, sq)
 
@@ -342,6 +349,92 @@ def _attend_block_bwd(statics, residuals, cotangents):
 _attend_block.defvjp(_attend_block_fwd, _attend_block_bwd)
 
 
+# Attention without a mask, bias or dropout, for the CPU: the forward in blocks of ``chunk`` queries, the backward
+# in blocks of ``chunk`` keys. Over query blocks, dk and dv are sums of one product per block, each contracting
+# only its ``chunk`` queries (float32 products of that shape run at about half the speed of long ones on the CPU),
+# and the products with the transposed probabilities and logit gradients copy each block's [chunk, Sk] grid to
+# transpose it. Over key blocks, dk and dv are one product over all queries each, the logits come out key-major
+# ([B, Hk, chunk, G, Sq]), the layout all three products read, and only dq is a sum over blocks (in float32).
+# Neither pass holds more than a block's [chunk, Sk] or [chunk, G·Sq] logits.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 4))
+def _attend_unmasked(statics, qh, kh, vh, chunk):
+    """:func:`_attend_block` without ``additive`` or ``allowed``, for any number of queries."""
+    out, lse, _ = _unmasked_forward(statics, qh, kh, vh, chunk)
+    return out, lse
+
+
+def _unmasked_forward(statics, qh, kh, vh, chunk):
+    """:func:`_block_forward` over blocks of ``chunk`` queries (the last one padded): out, lse and out in float32."""
+    sq = qh.shape[3]
+    blocks = -(-sq // chunk)
+    qh = jnp.pad(qh, [(0, blocks * chunk - sq if a == 3 else 0) for a in range(qh.ndim)])
+
+    def block(q_block):
+        out, lse, (out32, _) = _block_forward(statics, q_block, kh, vh, None, None, None)
+        return out, lse, out32
+
+    def unblocked(x):
+        return jnp.moveaxis(x, 0, 3).reshape(*x.shape[1:4], blocks * chunk, *x.shape[5:])[:, :, :, :sq]
+
+    q_blocks = jnp.moveaxis(qh.reshape(*qh.shape[:3], blocks, chunk, qh.shape[-1]), 3, 0)
+    return tuple(unblocked(x) for x in lax.map(block, q_blocks))
+
+
+def _attend_unmasked_fwd(statics, qh, kh, vh, chunk):
+    out, lse, out32 = _unmasked_forward(statics, qh, kh, vh, chunk)
+    return (out, lse), (qh, kh, vh, lse, out32)
+
+
+def _attend_unmasked_bwd(statics, chunk, residuals, cotangents):
+    """:func:`_attend_block_bwd`'s formulas without a mask, over blocks of ``chunk`` keys (and the rest)."""
+    qh, kh, vh, lse, out32 = residuals
+    dout, dlse = cotangents
+    exact = statics.bf16_values
+    # Row terms broadcast over key-major grids [B, Hk, keys, G, Sq].
+    nonempty = lse > -jnp.inf
+    row_shift = jnp.where(nonempty, lse, 0.0)[:, :, None]
+    dout32 = dout.astype(jnp.float32)
+    row_term = jnp.where(nonempty, jnp.sum(dout32 * out32, axis=-1) - dlse, 0.0)[:, :, None]
+    # q and dout with their features before the queries ([B, Hk, D, G, Sq]), the layout the key-major products
+    # read: transposed once here instead of once per block.
+    q_features, dout_features = (jnp.moveaxis(x, -1, 2) for x in (qh, dout))
+
+    def keys_block(dq_features, keys_values):
+        keys, values = keys_values
+        logits, tanh = _soft_capped(statics, _product("bhkd,bhdgq->bhkgq", keys, q_features, exact, exact)
+                                    * statics.scale)
+        probs = jnp.exp(logits - row_shift)
+        dprobs = _product("bhkd,bhdgq->bhkgq", values, dout_features, exact, exact)
+        dlogits = probs * (dprobs - row_term)
+        dscores = (dlogits if tanh is None else dlogits * (1.0 - tanh * tanh)) * statics.scale
+        dq_features = dq_features + _product("bhkd,bhkgq->bhdgq", keys, dscores, exact, False)
+        dk = _product("bhkgq,bhgqd->bhkd", dscores, qh, False, exact)
+        dv = _product("bhkgq,bhgqd->bhkd", probs, dout32, False, exact)
+        return dq_features, (dk, dv)
+
+    sk = kh.shape[2]
+    blocks = sk // chunk
+    whole = blocks * chunk
+
+    def split(x):
+        return jnp.moveaxis(x[:, :, :whole].reshape(*x.shape[:2], blocks, chunk, x.shape[-1]), 2, 0)
+
+    def unsplit(x):
+        return jnp.moveaxis(x, 0, 2).reshape(*x.shape[1:3], whole, x.shape[-1])
+
+    dq_features = jnp.zeros(q_features.shape, jnp.float32)
+    dq_features, (dk, dv) = lax.scan(keys_block, dq_features, (split(kh), split(vh)))
+    dk, dv = unsplit(dk), unsplit(dv)
+    if whole < sk:
+        dq_features, (dk_rest, dv_rest) = keys_block(dq_features, (kh[:, :, whole:], vh[:, :, whole:]))
+        dk, dv = jnp.concatenate([dk, dk_rest], axis=2), jnp.concatenate([dv, dv_rest], axis=2)
+    dq = jnp.moveaxis(dq_features, 2, -1)
+    return dq.astype(qh.dtype), dk.astype(kh.dtype), dv.astype(vh.dtype)
+
+
+_attend_unmasked.defvjp(_attend_unmasked_fwd, _attend_unmasked_bwd)
+
+
 def _masked_logits(statics, qh, kh, additive, allowed):
     """Logits ``[B, Hk, G, Sq, Sk]`` with bias and masks; also tanh of the soft-capped scores (for their
     derivative) and, with a mask, which keys are finite ``[B, Hk, Sk]``."""
@@ -353,18 +446,22 @@ def _masked_logits(statics, qh, kh, additive, allowed):
         finite_key = jnp.all(jnp.isfinite(kh), axis=-1)
         kh = jnp.where(finite_key[..., None], kh, 0)
     exact = statics.bf16_values
-    logits = _product("bhgqd,bhkd->bhgqk", qh, kh, exact, exact) * statics.scale
-    tanh = None
-    if statics.softcap > 0:
-        # Soft-capping (Gemma-style) bounds the scaled logits to (-softcap, softcap) before bias and masks.
-        tanh = jnp.tanh(logits / statics.softcap)
-        logits = statics.softcap * tanh
+    logits, tanh = _soft_capped(statics, _product("bhgqd,bhkd->bhgqk", qh, kh, exact, exact) * statics.scale)
     if additive is not None:
         logits = logits + additive
     if allowed is not None:
         logits = jnp.where(finite_key[:, :, None, None, :], logits, jnp.nan)
         logits = jnp.where(allowed, logits, -jnp.inf)
     return logits, tanh, finite_key
+
+
+def _soft_capped(statics, scores):
+    """Soft-capping (Gemma-style) bounds the scaled scores to (-softcap, softcap) before bias and masks. Returns the
+    logits and their tanh (for its derivative; None without a cap)."""
+    if statics.softcap > 0:
+        tanh = jnp.tanh(scores / statics.softcap)
+        return statics.softcap * tanh, tanh
+    return scores, None
 
 
 def _dropped(statics, weights, dropout_seed):
