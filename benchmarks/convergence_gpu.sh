@@ -14,6 +14,7 @@ corpus_xz=$1
 shift
 seeds=benchmarks/results/convergence_h200_seeds
 work=/tmp/convergence
+rm -rf "$work/jobs"  # a warm machine keeps /tmp: pack this call's jobs only
 mkdir -p "$work"
 export PYTHONUNBUFFERED=1
 [[ -d /usr/local/cuda/bin ]] && export PATH=/usr/local/cuda/bin:$PATH
