@@ -23,18 +23,19 @@ def test_quick_bench_writes_json_and_table(tmp_path, capsys):
 
 def test_quick_training_step_rows(tmp_path, capsys):
     """The train section times the convergence benchmark's step under each arm (cpu-tiny with --quick), the
-    non-BF16 arms against the BF16 step, and the MXFP4 row carries the issue's target."""
+    non-BF16 arms against the BF16 step, and the every-block MXFP4 row carries the issue's target."""
     assert cli.main(["bench", "--quick", "--only", "train", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert [(row["section"], row["name"], row["model"]) for row in rows] == [
-        ("train", "bf16", "cpu-tiny"), ("train", "fp8", "cpu-tiny"), ("train", "mxfp4", "cpu-tiny")]
+        ("train", "bf16", "cpu-tiny"), ("train", "fp8", "cpu-tiny"), ("train", "mxfp4-every-block", "cpu-tiny"),
+        ("train", "mxfp4", "cpu-tiny")]
     bf16 = rows[0]
     assert bf16["shape"] == [8, 64, 128, 2] and "bf16_over_this" not in bf16
     for row in rows:
         assert row["tokens_per_s"] == pytest.approx(8 * 64 / row["time_s"])
     for row in rows[1:]:
         assert row["bf16_over_this"] == pytest.approx(bf16["time_s"] / row["time_s"])
-    assert rows[2]["target"] == {"this_over_bf16": benchmark.TRAIN_MXFP4_VS_BF16}
+    assert rows[2]["target"] == {"this_over_bf16": benchmark.TRAIN_MXFP4_VS_BF16} and "target" not in rows[3]
     assert "cpu-tiny mxfp4" in capsys.readouterr().out
 
 
