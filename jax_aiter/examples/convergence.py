@@ -137,6 +137,10 @@ ARMS = {
         _every_block(dataclasses.replace(_SIGNED, dgrad_hadamard=16), bf16_last_blocks=4),
         "keyed random-sign Hadamard 16 (hadamard_seed=0) on both gradient GEMMs (dgrad and wgrad), the last 4 blocks "
         "BF16"),
+    "mxfp4-signed-hadamard-sr-grad-bf16-last4": Arm(
+        _every_block(dataclasses.replace(_SIGNED, gradient_stochastic=True), bf16_last_blocks=4),
+        "keyed random-sign Hadamard (hadamard_seed=0) on wgrad, stochastic rounding of the gradient, the last 4 "
+        "blocks BF16"),
     "mxfp4-signed-hadamard-scale-ceil-bf16-last2": Arm(
         _every_block(dataclasses.replace(_SIGNED, activation_scale_rule="ceil", weight_scale_rule="ceil",
                                          gradient_scale_rule="ceil"), bf16_last_blocks=2),
