@@ -133,6 +133,8 @@ ARMS = {
                                             "keyed random-sign Hadamard (hadamard_seed=0), the last 3 blocks BF16"),
     "mxfp4-signed-hadamard-bf16-last4": Arm(_every_block(_SIGNED, bf16_last_blocks=4),
                                             "keyed random-sign Hadamard (hadamard_seed=0), the last 4 blocks BF16"),
+    "mxfp4-signed-hadamard-bf16-last6": Arm(_every_block(_SIGNED, bf16_last_blocks=6),
+                                            "keyed random-sign Hadamard (hadamard_seed=0), the last 6 blocks BF16"),
     "mxfp4-signed-gradient-hadamard-bf16-last4": Arm(
         _every_block(dataclasses.replace(_SIGNED, dgrad_hadamard=16), bf16_last_blocks=4),
         "keyed random-sign Hadamard 16 (hadamard_seed=0) on both gradient GEMMs (dgrad and wgrad), the last 4 blocks "
