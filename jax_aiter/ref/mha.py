@@ -255,8 +255,16 @@ def _attend_chunked(statics, qh, kh, vh, additive, allowed, key_range, chunk):
 
 
 def _map_blocks(statics, qh, kh, vh, additive, allowed, chunk):
-    """``lax.map`` of :func:`_attend_block` over the ``chunk``-query blocks of qh (a multiple of them)."""
-    blocks = qh.shape[3] // chunk
+    """:func:`_attend_block` over the ``chunk``-query blocks of qh (a multiple of them)."""
+    return _map_query_blocks(lambda q, add, allow: _attend_block(statics, q, kh, vh, add, allow, None), chunk, qh,
+                             additive, allowed)
+
+
+def _map_query_blocks(block, chunk, *arrays):
+    """``lax.map`` of ``block`` over the ``chunk``-query blocks of ``arrays`` (query axis 3, a multiple of ``chunk``
+    long; None or a broadcast query axis is passed whole to every block). ``block``'s results have their query
+    axis at 3 too; they come back joined along it."""
+    blocks = next(x.shape[3] for x in arrays if x is not None and x.shape[3] != 1) // chunk
 
     def split(x):
         """x's query axis split into [blocks, ...]; None for a broadcast query axis."""
@@ -264,16 +272,14 @@ def _map_blocks(statics, qh, kh, vh, additive, allowed, chunk):
             return None
         return jnp.moveaxis(x.reshape(*x.shape[:3], blocks, chunk, *x.shape[4:]), 3, 0)
 
-    per_block = (split(qh), split(additive), split(allowed))
-    whole = (additive if per_block[1] is None else None, allowed if per_block[2] is None else None)
+    per_block = tuple(split(x) for x in arrays)
+    whole = tuple(x if part is None else None for x, part in zip(arrays, per_block))
 
-    def block(q_block, additive_block, allowed_block):
-        return _attend_block(statics, q_block, kh, vh, whole[0] if additive_block is None else additive_block,
-                             whole[1] if allowed_block is None else allowed_block, None)
+    def mapped(parts):
+        return block(*(x if part is None else part for x, part in zip(whole, parts)))
 
-    out, lse = lax.map(lambda xs: block(*xs), per_block)
-    out = jnp.moveaxis(out, 0, 3).reshape(*out.shape[1:4], blocks * chunk, out.shape[-1])
-    return out, jnp.moveaxis(lse, 0, 3).reshape(*lse.shape[1:4], blocks * chunk)
+    return tuple(jnp.moveaxis(r, 0, 3).reshape(*r.shape[1:4], blocks * chunk, *r.shape[5:])
+                 for r in lax.map(mapped, per_block))
 
 
 # The block's gradient is the softmax backward written out (as flash attention computes it: the probabilities
@@ -366,18 +372,13 @@ def _attend_unmasked(statics, qh, kh, vh, chunk):
 def _unmasked_forward(statics, qh, kh, vh, chunk):
     """:func:`_block_forward` over blocks of ``chunk`` queries (the last one padded): out, lse and out in float32."""
     sq = qh.shape[3]
-    blocks = -(-sq // chunk)
-    qh = jnp.pad(qh, [(0, blocks * chunk - sq if a == 3 else 0) for a in range(qh.ndim)])
+    qh = jnp.pad(qh, [(0, -sq % chunk if a == 3 else 0) for a in range(qh.ndim)])
 
     def block(q_block):
         out, lse, (out32, _) = _block_forward(statics, q_block, kh, vh, None, None, None)
         return out, lse, out32
 
-    def unblocked(x):
-        return jnp.moveaxis(x, 0, 3).reshape(*x.shape[1:4], blocks * chunk, *x.shape[5:])[:, :, :, :sq]
-
-    q_blocks = jnp.moveaxis(qh.reshape(*qh.shape[:3], blocks, chunk, qh.shape[-1]), 3, 0)
-    return tuple(unblocked(x) for x in lax.map(block, q_blocks))
+    return tuple(x[:, :, :, :sq] for x in _map_query_blocks(block, chunk, qh))
 
 
 def _attend_unmasked_fwd(statics, qh, kh, vh, chunk):
