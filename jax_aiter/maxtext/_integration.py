@@ -211,6 +211,5 @@ def policy_for_mode(mode: str) -> PrecisionPolicy:
     ``.bf16()``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    if MODES[mode][0] == "mxfp4":
-        return PrecisionPolicy.mxfp4(bf16_last_fraction=0.0)
-    return getattr(PrecisionPolicy, MODES[mode][0])()
+    constructor, _, _, arguments = MODES[mode]
+    return getattr(PrecisionPolicy, constructor)(**arguments)

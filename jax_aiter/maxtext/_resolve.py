@@ -26,14 +26,15 @@ TESTED_MAXTEXT_VERSIONS = ("0.2.5",)
 ATTENTION_KERNEL = "jax_aiter"
 
 # Mode -> (the PrecisionPolicy constructor the run uses, what it does, MLPerf's name of the lowest precision in
-# the linear layers).
+# the linear layers, the constructor's keyword arguments). Plain data: this module imports no jax.
 MODES = {
     "mxfp4": ("mxfp4", "PrecisionPolicy.mxfp4(bf16_last_fraction=0): every block projection through gemm_fp4_bf16 "
               "with Mxfp4Recipe.keyed_hadamard() (MXFP4 fprop, dgrad and wgrad; paired 16-point Hadamard with keyed "
-              "signs on wgrad); MaxText's layers carry no index, so no block stays BF16", "mxfp4"),
+              "signs on wgrad); MaxText's layers carry no index, so no block stays BF16", "mxfp4",
+              {"bf16_last_fraction": 0.0}),
     "fp8": ("fp8", "PrecisionPolicy.fp8(): block projections through gemm_fp8 with Fp8Recipe.default() "
-            "(per-tensor current scaling, E4M3 forward, E5M2 gradients)", "fp8"),
-    "bf16": ("bf16", "PrecisionPolicy.bf16(): block projections are MaxText's own BF16 dot_general", "bfloat16"),
+            "(per-tensor current scaling, E4M3 forward, E5M2 gradients)", "fp8", {}),
+    "bf16": ("bf16", "PrecisionPolicy.bf16(): block projections are MaxText's own BF16 dot_general", "bfloat16", {}),
 }
 _HEAD = "LM head (logits_dense) and token embedding: MaxText's own BF16 in every mode"
 
