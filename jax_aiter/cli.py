@@ -153,6 +153,8 @@ def cmd_convergence(args: argparse.Namespace) -> int:
             print(f"{args.model} / {name}: training step lowered ({count / 1e6:.1f} M parameters, batch {cfg.batch} "
                   f"x {cfg.seq_len}; {len(lowered.as_text()) / 1e6:.1f} M characters of StableHLO)")
         return 0
+    if args.paired_to is not None and (args.seed is None or len(args.seed) < 2):
+        return fail("--paired-to compares arms over seeds: give two seeds or more with --seed")
     if not models.MODELS[args.model].trainable:
         return fail(f"model {args.model} is a shape to lower (--lower-only), not to train here")
     if args.data is None and args.model != "cpu-tiny":
@@ -181,9 +183,12 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         runs.append((setup, run_out, results))
     if len(runs) > 1:
         try:
-            convergence.seed_tables(out, setup, data.corpus)  # seeds of earlier calls join the summary: check them now
+            earlier = convergence.seed_tables(out, setup, data.corpus)  # earlier calls' seeds join the summary
         except convergence.SetupMismatch as err:
             return fail(f"--out {out}: {err}")
+        if args.paired_to is not None and args.paired_to not in arms \
+                and not any(args.paired_to in table for table in earlier.values()):
+            return fail(f"--paired-to {args.paired_to}: the arm is neither in --arms nor in a seed directory of {out}")
     print(f"{args.model}: {models.parameter_count(cfg) / 1e6:.1f} M parameters ({cfg.layers} layers, dim {cfg.dim}, "
           f"{cfg.heads} query / {cfg.kv_heads} KV heads, SwiGLU {cfg.mlp_dim}, vocab {cfg.vocab}); batch {cfg.batch} x "
           f"{cfg.seq_len}, {cfg.steps} steps, warm-up {setup.warmup_steps}, peak lr {cfg.learning_rate:g}")
@@ -220,14 +225,19 @@ def cmd_convergence(args: argparse.Namespace) -> int:
     if len(runs) == 1:
         gate = {name: row["held_out_gap"] for name, row in table.items()}
     else:
-        summary = convergence.seed_summary(convergence.seed_tables(out, setup, data.corpus))
+        summary = convergence.seed_summary(convergence.seed_tables(out, setup, data.corpus), args.paired_to)
         path = convergence.save_seed_summary(summary, out)
+        paired = "" if args.paired_to is None else f"  minus {args.paired_to}, paired (± std err)"
         print(f"\n{'over seeds ' + ' '.join(map(str, summary['seeds'])):<34} {'mean gap':>9} {'std':>8} "
-              f"{'std err':>8} {'min':>9} {'max':>9}")
+              f"{'std err':>8} {'min':>9} {'max':>9}{paired}")
         for name, row in summary["arms"].items():
+            difference = row.get("paired")
+            paired = "" if difference is None else (
+                f"  {_percent(difference['held_out_gap_difference_mean'])} ± "
+                f"{100 * difference['held_out_gap_difference_stderr']:.2f} (seeds {' '.join(map(str, difference['seeds']))})")
             print(f"{name:<34} {_percent(row['held_out_gap_mean']):>9} {100 * row['held_out_gap_std']:>7.2f}  "
                   f"{100 * row['held_out_gap_stderr']:>7.2f}  {_percent(row['held_out_gap_min']):>9} "
-                  f"{_percent(row['held_out_gap_max']):>9}")
+                  f"{_percent(row['held_out_gap_max']):>9}{paired}")
         print(convergence.SEED_SUMMARY_DEFINITION)
         print(f"wrote {path}")
         gate = {name: row["held_out_gap_mean"] for name, row in summary["arms"].items()}
@@ -322,6 +332,9 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--max-gap", type=float, metavar="PCT",
                       help="exit 1 when a non-BF16 arm's held-out gap to BF16 (with several seeds: its mean over "
                       "the seeds) exceeds PCT percent")
+    conv.add_argument("--paired-to", metavar="ARM",
+                      help="with several seeds: also give every arm's held-out gap minus ARM's, seed by seed, with "
+                      "its mean and standard error (ARM trained in this call or an earlier one)")
     conv.add_argument("--lower-only", action="store_true",
                       help="only lower each arm's training step (abstract shapes, nothing trained)")
     conv.add_argument("--out", default="convergence-out",

@@ -99,6 +99,33 @@ def test_seed_summary_is_the_paired_mean_and_spread():
         convergence.seed_summary({0: tables[0]})
 
 
+def test_seed_summary_pairs_arms_seed_by_seed():
+    """Gaps (%) per seed 0, 1, 2: base 1, 3, 2; better 0.5, 2, 1.8 (paired -0.5, -1, -0.2: mean -17/30 %, sample
+    variance (0.0667^2 + 0.4333^2 + 0.3667^2) / 2 = 0.1633 %^2); late, trained in seeds 1 and 2 only: 4, 2
+    (paired +1, 0); alone, trained in seed 0 only with base: no summary, so no pair."""
+    gaps = {0: {"base": 0.01, "better": 0.005}, 1: {"base": 0.03, "better": 0.02, "late": 0.04},
+            2: {"base": 0.02, "better": 0.018, "late": 0.02}}
+    tables = {seed: convergence.gaps({"arms": {"bf16": _arm([1.0] * 4, [1.0] * 10), **{
+        name: _arm([1.0 + gap] * 4, [1.0] * 10) for name, gap in arms.items()}}}) for seed, arms in gaps.items()}
+    tables[0]["alone"] = tables[0]["base"]
+    summary = convergence.seed_summary(tables, paired_to="base")
+    assert summary["paired_to"] == "base"
+    better = summary["arms"]["better"]["paired"]
+    assert better["to"] == "base" and better["seeds"] == [0, 1, 2]
+    np.testing.assert_allclose(better["held_out_gap_difference_per_seed"], [-0.005, -0.01, -0.002], atol=1e-12)
+    assert better["held_out_gap_difference_mean"] == pytest.approx(-0.017 / 3, rel=1e-9)
+    variance = ((-0.005 + 0.017 / 3) ** 2 + (-0.01 + 0.017 / 3) ** 2 + (-0.002 + 0.017 / 3) ** 2) / 2
+    assert better["held_out_gap_difference_stderr"] == pytest.approx(math.sqrt(variance / 3), rel=1e-9)
+    late = summary["arms"]["late"]["paired"]
+    assert late["seeds"] == [1, 2]
+    np.testing.assert_allclose(late["held_out_gap_difference_per_seed"], [0.01, 0.0], atol=1e-12)
+    assert "paired" not in summary["arms"]["base"] and "paired" not in summary["arms"]["bf16"]
+    assert "alone" not in summary["arms"]
+    assert "paired_to" not in convergence.seed_summary(tables)
+    with pytest.raises(ValueError, match="paired_to: no seed has the arm 'missing'"):
+        convergence.seed_summary(tables, paired_to="missing")
+
+
 def _stand_in_training(monkeypatch, held_out: dict) -> list:
     """Replace training by fixed losses: arm ``name`` of seed S returns held_out[S, name] for every evaluation and
     step. Returns the list that records each (seed, arm) trained, in order."""
@@ -131,6 +158,27 @@ def test_several_seeds_train_one_directory_each_and_gate_on_the_mean_gap(tmp_pat
     assert summary["arms"]["mxfp4"]["held_out_gap_mean"] == pytest.approx(0.02, rel=1e-12)
     assert cli.main([*argv, "--max-gap", "1.5"]) == 1
     assert "mean held-out gap over seeds above 1.5 %: mxfp4" in capsys.readouterr().err
+
+
+def test_paired_to_over_seeds_from_the_command_line(tmp_path, monkeypatch, capsys):
+    """--paired-to prints and saves each arm's gap minus that arm's, seed by seed: mxfp4 +3 / +1 %, fp8 +1 / +1 %
+    give fp8 - mxfp4 = -2 / 0 %, mean -1 %, standard error 1 %. It needs several seeds and a trained arm."""
+    held_out = {(0, "bf16"): 1.0, (0, "mxfp4"): 1.03, (0, "fp8"): 1.01, (1, "bf16"): 2.0, (1, "mxfp4"): 2.02,
+                (1, "fp8"): 2.02}
+    trained = _stand_in_training(monkeypatch, held_out)
+    argv = ["convergence", "--steps", "40", "--arms", "bf16", "mxfp4", "fp8", "--out", str(tmp_path)]
+    assert cli.main([*argv, "--seed", "0", "1", "--paired-to", "mxfp4"]) == 0
+    out = capsys.readouterr().out
+    assert "minus mxfp4, paired" in out and "-1.00 % ± 1.00 (seeds 0 1)" in out
+    fp8 = json.loads((tmp_path / "seeds.json").read_text())["arms"]["fp8"]["paired"]
+    np.testing.assert_allclose(fp8["held_out_gap_difference_per_seed"], [-0.02, 0.0], atol=1e-12)
+    assert len(trained) == 6
+    assert cli.main([*argv, "--seed", "0", "--paired-to", "mxfp4"]) == 2
+    assert "--paired-to compares arms over seeds" in capsys.readouterr().err
+    assert cli.main([*argv[:3], "--arms", "bf16", "--seed", "0", "1", "--paired-to", "mxfp4-all",
+                     "--out", str(tmp_path)]) == 2
+    assert "--paired-to mxfp4-all: the arm is neither in --arms nor in a seed directory" in capsys.readouterr().err
+    assert len(trained) == 6
 
 
 def test_seeds_of_earlier_calls_join_the_summary_and_a_different_setup_is_refused(tmp_path, monkeypatch, capsys):

@@ -496,12 +496,18 @@ def seed_tables(out_dir: Path, setup: Setup, corpus: dict) -> dict[int, dict[str
     return dict(sorted(tables.items()))
 
 
-def seed_summary(tables: dict[int, dict[str, dict]]) -> dict:
+def seed_summary(tables: dict[int, dict[str, dict]], paired_to: str | None = None) -> dict:
     """The paired gaps of several seeds. ``tables`` maps each seed to its :func:`gaps` table; every arm with a gap
     in two seeds or more is summarized over those seeds (``seeds``; held-out and train gap: per-seed values, mean,
-    sample std, standard error, min, max; the mean step-time ratio). Needs two seeds or more."""
+    sample std, standard error, min, max; the mean step-time ratio). Needs two seeds or more.
+
+    With ``paired_to`` (an arm's name), every other arm but BF16 that shares two seeds or more with it also gets
+    ``paired``: its held-out gap minus that arm's, seed by seed over the shared seeds, with their mean and
+    standard error. Two policies are compared this way: the seed's own spread cancels in the difference."""
     if len(tables) < 2:
         raise ValueError(f"a summary over seeds needs at least two seeds, got {len(tables)}")
+    if paired_to is not None and not any(paired_to in table for table in tables.values()):
+        raise ValueError(f"paired_to: no seed has the arm {paired_to!r}")
     seeds = list(tables)
     arms = {}
     for name in dict.fromkeys(name for seed in seeds for name in tables[seed]):
@@ -517,8 +523,19 @@ def seed_summary(tables: dict[int, dict[str, dict]]) -> dict:
                         f"{kind}_max": max(values)})
         row["step_time_ratio_mean"] = statistics.fmean(tables[s][name]["step_time_ratio"] for s in trained)
         arms[name] = row
-    return {"seeds": seeds, "definition": SEED_SUMMARY_DEFINITION, "gap_definition": GAP_DEFINITION,
-            "directories": [seed_directory(s) for s in seeds], "arms": arms}
+    summary = {"seeds": seeds, "definition": SEED_SUMMARY_DEFINITION, "gap_definition": GAP_DEFINITION,
+               "directories": [seed_directory(s) for s in seeds], "arms": arms}
+    if paired_to is None:
+        return summary
+    for name, row in arms.items():
+        shared = [s for s in row["seeds"] if tables[s].get(paired_to, {}).get("held_out_gap") is not None]
+        if name in (paired_to, REFERENCE) or len(shared) < 2:
+            continue
+        differences = [tables[s][name]["held_out_gap"] - tables[s][paired_to]["held_out_gap"] for s in shared]
+        row["paired"] = {"to": paired_to, "seeds": shared, "held_out_gap_difference_per_seed": differences,
+                         "held_out_gap_difference_mean": statistics.fmean(differences),
+                         "held_out_gap_difference_stderr": statistics.stdev(differences) / math.sqrt(len(shared))}
+    return {**summary, "paired_to": paired_to}
 
 
 def save_seed_summary(summary: dict, out_dir: Path) -> Path:
