@@ -227,14 +227,15 @@ def cmd_convergence(args: argparse.Namespace) -> int:
     else:
         summary = convergence.seed_summary(convergence.seed_tables(out, setup, data.corpus), args.paired_to)
         path = convergence.save_seed_summary(summary, out)
-        paired = "" if args.paired_to is None else f"  minus {args.paired_to}, paired (± std err)"
+        paired_header = "" if args.paired_to is None else f"  minus {args.paired_to}, paired (± std err)"
         print(f"\n{'over seeds ' + ' '.join(map(str, summary['seeds'])):<34} {'mean gap':>9} {'std':>8} "
-              f"{'std err':>8} {'min':>9} {'max':>9}{paired}")
+              f"{'std err':>8} {'min':>9} {'max':>9}{paired_header}")
         for name, row in summary["arms"].items():
             difference = row.get("paired")
+            seeds = " ".join(map(str, difference["seeds"])) if difference else ""
             paired = "" if difference is None else (
                 f"  {_percent(difference['held_out_gap_difference_mean'])} ± "
-                f"{100 * difference['held_out_gap_difference_stderr']:.2f} (seeds {' '.join(map(str, difference['seeds']))})")
+                f"{100 * difference['held_out_gap_difference_stderr']:.2f} (seeds {seeds})")
             print(f"{name:<34} {_percent(row['held_out_gap_mean']):>9} {100 * row['held_out_gap_std']:>7.2f}  "
                   f"{100 * row['held_out_gap_stderr']:>7.2f}  {_percent(row['held_out_gap_min']):>9} "
                   f"{_percent(row['held_out_gap_max']):>9}{paired}")

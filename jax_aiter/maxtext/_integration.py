@@ -211,5 +211,4 @@ def policy_for_mode(mode: str) -> PrecisionPolicy:
     ``.bf16()``."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {list(MODES)}, got {mode!r}")
-    constructor, _, _, arguments = MODES[mode]
-    return getattr(PrecisionPolicy, constructor)(**arguments)
+    return getattr(PrecisionPolicy, MODES[mode].constructor)(**MODES[mode].arguments)

@@ -14,6 +14,7 @@ import importlib.metadata
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from jax_aiter._phases import closing_phase_start
 
@@ -25,16 +26,26 @@ TESTED_MAXTEXT_VERSIONS = ("0.2.5",)
 # has no kernel of that name).
 ATTENTION_KERNEL = "jax_aiter"
 
-# Mode -> (the PrecisionPolicy constructor the run uses, what it does, MLPerf's name of the lowest precision in
-# the linear layers, the constructor's keyword arguments). Plain data: this module imports no jax.
+
+class Mode(NamedTuple):
+    """A recipe mode: the ``PrecisionPolicy`` constructor the run uses and its keyword arguments, what it does, and
+    MLPerf's name of the lowest precision in the linear layers. Plain data: this module imports no jax."""
+
+    constructor: str
+    description: str
+    mlperf_precision: str
+    arguments: dict
+
+
 MODES = {
-    "mxfp4": ("mxfp4", "PrecisionPolicy.mxfp4(bf16_last_fraction=0): every block projection through gemm_fp4_bf16 "
-              "with Mxfp4Recipe.keyed_hadamard() (MXFP4 fprop, dgrad and wgrad; paired 16-point Hadamard with keyed "
-              "signs on wgrad); MaxText's layers carry no index, so no block stays BF16", "mxfp4",
-              {"bf16_last_fraction": 0.0}),
-    "fp8": ("fp8", "PrecisionPolicy.fp8(): block projections through gemm_fp8 with Fp8Recipe.default() "
-            "(per-tensor current scaling, E4M3 forward, E5M2 gradients)", "fp8", {}),
-    "bf16": ("bf16", "PrecisionPolicy.bf16(): block projections are MaxText's own BF16 dot_general", "bfloat16", {}),
+    "mxfp4": Mode("mxfp4", "PrecisionPolicy.mxfp4(bf16_last_fraction=0): every block projection through "
+                  "gemm_fp4_bf16 with Mxfp4Recipe.keyed_hadamard() (MXFP4 fprop, dgrad and wgrad; paired 16-point "
+                  "Hadamard with keyed signs on wgrad); MaxText's layers carry no index, so no block stays BF16",
+                  "mxfp4", {"bf16_last_fraction": 0.0}),
+    "fp8": Mode("fp8", "PrecisionPolicy.fp8(): block projections through gemm_fp8 with Fp8Recipe.default() "
+                "(per-tensor current scaling, E4M3 forward, E5M2 gradients)", "fp8", {}),
+    "bf16": Mode("bf16", "PrecisionPolicy.bf16(): block projections are MaxText's own BF16 dot_general", "bfloat16",
+                 {}),
 }
 _HEAD = "LM head (logits_dense) and token embedding: MaxText's own BF16 in every mode"
 
@@ -201,11 +212,11 @@ class RecipeRun:
 
     @property
     def policy_constructor(self) -> str:
-        return MODES[self.mode][0]
+        return MODES[self.mode].constructor
 
     @property
     def mlperf_linear_precision(self) -> str:
-        return MODES[self.mode][2]
+        return MODES[self.mode].mlperf_precision
 
     @property
     def phase_modes(self) -> tuple[str, ...]:
@@ -251,7 +262,7 @@ class RecipeRun:
                                                                 f" --final-mode {self.final_mode} --final-fraction "
                                                                 f"{self.final_fraction:g}"),
             f"  model        {r.summary}",
-            f"  projections  {MODES[self.mode][1]}",
+            f"  projections  {MODES[self.mode].description}",
             f"               {_HEAD}",
             f"  attention    attention={ATTENTION_KERNEL}: jax_aiter.mha.flash_attn_func, causal over each row "
             "(cuDNN on NVIDIA, AITER on ROCm, the reference on the CPU)",
@@ -265,7 +276,7 @@ class RecipeRun:
                                               "closing phase)"),
             *(() if self.final_mode is None else (
                 f"  closing      steps {self.final_from}-{self.steps - 1}: mode {self.final_mode}, "
-                f"{MODES[self.final_mode][1]}",
+                f"{MODES[self.final_mode].description}",
                 f"               a second training process resumes from the first one's checkpoint (step "
                 f"{self.final_from - 1}) in {self.override('base_output_directory')}")),
             f"  MaxText      {maxtext}",
@@ -285,9 +296,10 @@ class RecipeRun:
 
     def as_json(self) -> dict:
         return {"recipe": self.recipe.name, "mode": self.mode, "final_mode": self.final_mode,
-                "final_fraction": self.final_fraction, "final_from": self.final_from, "out": str(self.out), "steps": self.steps, "data": self.data,
-                "eval_data": self.eval_data, "maxtext_version": self.maxtext_version,
-                "phases": [{"mode": mode, "policy": MODES[mode][0], "maxtext_argv": self.maxtext_argv(i)}
+                "final_fraction": self.final_fraction, "final_from": self.final_from, "out": str(self.out),
+                "steps": self.steps, "data": self.data, "eval_data": self.eval_data,
+                "maxtext_version": self.maxtext_version,
+                "phases": [{"mode": mode, "policy": MODES[mode].constructor, "maxtext_argv": self.maxtext_argv(i)}
                            for i, mode in enumerate(self.phase_modes)],
                 "xla_flags": list(self.xla_flags), "environment": dict(self.environment)}
 

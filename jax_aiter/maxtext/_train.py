@@ -50,7 +50,7 @@ def main(argv: list[str]) -> None:
     logging.set_verbosity(logging.INFO)
     policy = _integration.policy_for_mode(phase["mode"])
     _integration.enable(policy)
-    _mlperf.install(MODES[phase["mode"]][2], repr(policy))
+    _mlperf.install(MODES[phase["mode"]].mlperf_precision, repr(policy))
     from maxtext.trainers.pre_train import train
 
     train.main(phase["maxtext_argv"])
