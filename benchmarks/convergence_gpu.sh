@@ -3,7 +3,8 @@
 # build the native library, unpack the corpus, then train every SEED:ARM job as its own process, all at once
 # (the GPU is shared: the step times in the results are not the arms' own). Each job trains into a copy of the
 # committed seed directory, so its gap is taken to that seed's committed BF16 run. The jobs' directories and logs
-# come back packed in $OUT/convergence.tgz (the device tool returns few files); the final tables go to stdout.
+# come back packed in $OUT/convergence.tgz (the device tool returns few files), with merged/: the finished arms
+# merged into a copy of the seed directories (`jax-aiter convergence --merge-from`); the final tables go to stdout.
 #   benchmarks/convergence_gpu.sh CORPUS_TXT_XZ SEED:ARM [SEED:ARM ...]
 # TRAIN_LIMIT_S (default 500) stops the training processes in time for the results to be packed.
 set -uo pipefail
@@ -13,6 +14,7 @@ mkdir -p "$out"
 corpus_xz=$1
 shift
 seeds=benchmarks/results/convergence_h200_seeds
+default_arm=mxfp4-signed-hadamard-bf16-last4  # PrecisionPolicy.mxfp4() on the 75m model's 12 blocks
 work=/tmp/convergence
 rm -rf "$work/jobs"  # a warm machine keeps /tmp: pack this call's jobs only
 mkdir -p "$work"
@@ -46,4 +48,24 @@ for job in "$@"; do
   echo "== seed ${job%%:*}, ${job#*:}"
   tr '\r' '\n' <"$work/jobs/${job%%:*}-${job#*:}/log" | grep -E "^(arm|bf16|${job#*:}) |Error|error" | tail -4
 done
-tar -C "$work" -czf "$out/convergence.tgz" jobs build.log
+
+# The finished arms, merged into one copy of the committed seed directories (seeds.json redone, paired to the
+# default policy's arm), ready to copy over benchmarks/results/convergence_h200_seeds; each job's progress log
+# reduced to its last progress line and its table, in merged/logs.
+rm -rf "$work/merged"
+cp -r "$seeds" "$work/merged"
+mkdir -p "$work/merged/logs"
+job_seeds=($(for job in "$@"; do echo "${job%%:*}"; done | sort -nu))
+if ((${#job_seeds[@]} > 1)); then
+  merge=(--seed "${job_seeds[@]}" --out "$work/merged" --merge-from "$work"/jobs/*/ --paired-to "$default_arm")
+else
+  merge=(--seed "${job_seeds[0]}" --out "$work/merged/seed-${job_seeds[0]}" --merge-from "$work"/jobs/*/seed-*/)
+fi
+"$python" -m jax_aiter.cli convergence "${setup[@]}" "${merge[@]}" >"$work/merged/logs/merge.txt" 2>&1 \
+  || tail -5 "$work/merged/logs/merge.txt"
+for job in "$@"; do
+  lines=$(tr '\r' '\n' <"$work/jobs/${job%%:*}-${job#*:}/log")
+  { grep -E "step/s" <<<"$lines" | tail -1; grep -E "^(arm|bf16|${job#*:}) " <<<"$lines"; } \
+    >"$work/merged/logs/seed-${job%%:*}-${job#*:}.txt"
+done
+tar -C "$work" -czf "$out/convergence.tgz" jobs merged build.log

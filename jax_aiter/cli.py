@@ -126,7 +126,9 @@ def cmd_convergence(args: argparse.Namespace) -> int:
         for name, arm in convergence.ARMS.items():
             print(f"{name:<{width}}  {arm.description}")
         return 0
-    arms = args.arms or list(convergence.DEFAULT_ARMS)
+    if args.merge_from and args.arms:
+        return fail("--merge-from merges arms trained elsewhere; --arms names arms to train: give one of them")
+    arms = [] if args.merge_from else args.arms or list(convergence.DEFAULT_ARMS)
     unknown = [name for name in arms if name not in convergence.ARMS]
     if unknown:
         return fail(f"unknown arm(s) {', '.join(unknown)}; known: {', '.join(convergence.ARMS)}")
@@ -177,7 +179,7 @@ def cmd_convergence(args: argparse.Namespace) -> int:
             results = convergence.merge(convergence.load_results(run_out), setup, data.corpus)
         except convergence.SetupMismatch as err:
             return fail(f"--out {run_out}: {err}")
-        if args.max_gap is not None and convergence.REFERENCE not in arms \
+        if args.max_gap is not None and not args.merge_from and convergence.REFERENCE not in arms \
                 and convergence.REFERENCE not in results["arms"]:
             return fail(f"--max-gap needs the {convergence.REFERENCE} arm, in --arms or already in {run_out}")
         runs.append((setup, run_out, results))
@@ -186,7 +188,7 @@ def cmd_convergence(args: argparse.Namespace) -> int:
             earlier = convergence.seed_tables(out, setup, data.corpus)  # earlier calls' seeds join the summary
         except convergence.SetupMismatch as err:
             return fail(f"--out {out}: {err}")
-        if args.paired_to is not None and args.paired_to not in arms \
+        if args.paired_to is not None and not args.merge_from and args.paired_to not in arms \
                 and not any(args.paired_to in table for table in earlier.values()):
             return fail(f"--paired-to {args.paired_to}: the arm is neither in --arms nor in a seed directory of {out}")
     print(f"{args.model}: {models.parameter_count(cfg) / 1e6:.1f} M parameters ({cfg.layers} layers, dim {cfg.dim}, "
@@ -197,6 +199,23 @@ def cmd_convergence(args: argparse.Namespace) -> int:
           f"on {setup.eval_batches} batches")
     for setup, run_out, results in runs:
         label = "" if len(runs) == 1 else f"seed {setup.config.seed} "
+        # With several seeds a source contributes its seed-<S> directory, where it has one.
+        sources = [Path(d) if len(runs) == 1 else Path(d) / convergence.seed_directory(setup.config.seed)
+                   for d in args.merge_from or ()]
+        sources = [d for d in sources if len(runs) == 1 or (d / "convergence.json").exists()]
+        if args.merge_from and not sources:
+            return fail(f"--merge-from: no directory holds {convergence.seed_directory(setup.config.seed)}")
+        for source in sources:
+            try:
+                results, names = convergence.merge_directory(results, setup, data.corpus, source, run_out)
+            except (OSError, convergence.SetupMismatch) as err:
+                return fail(f"--merge-from {source}: {err}")
+            print(f"{label}merged {', '.join(names)} from {source}")
+        if sources:
+            if args.max_gap is not None and convergence.REFERENCE not in results["arms"]:
+                return fail(f"--max-gap needs the {convergence.REFERENCE} arm; neither {run_out} nor --merge-from "
+                            "holds it")
+            written = convergence.save(results, run_out)
         for name in arms:
             log = convergence.open_mllog(run_out, name)
             if log is None and name == arms[0] and run_out == outs[0]:
@@ -225,7 +244,10 @@ def cmd_convergence(args: argparse.Namespace) -> int:
     if len(runs) == 1:
         gate = {name: row["held_out_gap"] for name, row in table.items()}
     else:
-        summary = convergence.seed_summary(convergence.seed_tables(out, setup, data.corpus), args.paired_to)
+        try:
+            summary = convergence.seed_summary(convergence.seed_tables(out, setup, data.corpus), args.paired_to)
+        except ValueError as err:  # --paired-to an arm that --merge-from did not bring
+            return fail(str(err))
         path = convergence.save_seed_summary(summary, out)
         paired_header = "" if args.paired_to is None else f"  minus {args.paired_to}, paired (± std err)"
         print(f"\n{'over seeds ' + ' '.join(map(str, summary['seeds'])):<34} {'mean gap':>9} {'std':>8} "
@@ -336,6 +358,10 @@ def main(argv: list[str] | None = None) -> int:
     conv.add_argument("--paired-to", metavar="ARM",
                       help="with several seeds: also give every arm's held-out gap minus ARM's, seed by seed, with "
                       "its mean and standard error (ARM trained in this call or an earlier one)")
+    conv.add_argument("--merge-from", nargs="+", metavar="DIR",
+                      help="train nothing: merge the arms of results directories written by other processes or "
+                      "machines with the same setup (with --seed, each DIR's seed-<S> directories) into --out, then "
+                      "print the table and, with several seeds, the summary")
     conv.add_argument("--lower-only", action="store_true",
                       help="only lower each arm's training step (abstract shapes, nothing trained)")
     conv.add_argument("--out", default="convergence-out",

@@ -203,6 +203,44 @@ def test_seeds_of_earlier_calls_join_the_summary_and_a_different_setup_is_refuse
     assert len(trained) == 8
 
 
+def test_merge_from_joins_arms_trained_by_other_processes(tmp_path, monkeypatch, capsys):
+    """Two "processes" train into directories of their own (BF16 of seeds 0 and 1 into one, MXFP4 into another,
+    each with an MLPerf log stand-in); --merge-from brings both into a third --out without training: the same
+    gaps as one call would give (+3 / +1 %, mean 2 %), the logs copied. Refused: --arms with --merge-from, a
+    source of another setup, and a seed no source holds."""
+    held_out = {(0, "bf16"): 1.0, (0, "mxfp4"): 1.03, (1, "bf16"): 2.0, (1, "mxfp4"): 2.02}
+    trained = _stand_in_training(monkeypatch, held_out)
+    setup = ["convergence", "--steps", "40", "--seed", "0", "1"]
+    first, second, merged = tmp_path / "first", tmp_path / "second", tmp_path / "merged"
+    assert cli.main([*setup, "--arms", "bf16", "--out", str(first)]) == 0
+    assert cli.main([*setup, "--arms", "mxfp4", "--out", str(second)]) == 0
+    for seed in (0, 1):
+        (second / f"seed-{seed}" / "mllog").mkdir()
+        (second / f"seed-{seed}" / "mllog" / "mxfp4.log").write_text(f"log of seed {seed}")
+    capsys.readouterr()
+    assert cli.main([*setup, "--out", str(merged), "--merge-from", str(first), str(second), "--max-gap", "2.5"]) == 0
+    out = capsys.readouterr().out
+    assert f"seed 1 merged mxfp4 from {second / 'seed-1'}" in out
+    assert len(trained) == 4  # the two training calls' arms; merging trained nothing
+    summary = json.loads((merged / "seeds.json").read_text())
+    np.testing.assert_allclose(summary["arms"]["mxfp4"]["held_out_gap_per_seed"], [0.03, 0.01], rtol=1e-12)
+    for seed in (0, 1):
+        results = json.loads((merged / f"seed-{seed}" / "convergence.json").read_text())
+        assert list(results["arms"]) == ["bf16", "mxfp4"]
+        assert (merged / f"seed-{seed}" / "mllog" / "mxfp4.log").read_text() == f"log of seed {seed}"
+
+    assert cli.main([*setup, "--out", str(merged), "--merge-from", str(first), "--arms", "bf16"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+    other = tmp_path / "other"
+    assert cli.main(["convergence", "--steps", "30", "--seed", "0", "1", "--arms", "bf16", "--out", str(other)]) == 0
+    capsys.readouterr()
+    assert cli.main([*setup, "--out", str(tmp_path / "m2"), "--merge-from", str(other)]) == 2
+    assert "the existing results have a different setup" in capsys.readouterr().err
+    assert cli.main(["convergence", "--steps", "40", "--seed", "0", "7", "--out", str(tmp_path / "m3"),
+                     "--merge-from", str(first)]) == 2
+    assert "--merge-from: no directory holds seed-7" in capsys.readouterr().err
+
+
 def test_model_shapes():
     # 75m, issue 18's 74.7 M: embedding and head 2 * 256 * 768, per block q and o 2 * 768^2, k and v
     # 2 * 768 * 192, SwiGLU 3 * 768 * 2048, two norms 2 * 768; twelve blocks and the final norm 768.

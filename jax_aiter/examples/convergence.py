@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import math
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -40,8 +41,8 @@ from jax_aiter.precision import PrecisionPolicy, PrecisionSchedule
 
 __all__ = ["ARMS", "DEFAULT_ARMS", "FINAL_EVALS", "FINAL_TRAIN_FRACTION", "GAP_DEFINITION", "OVERRIDES", "REFERENCE",
            "SEED_SUMMARY_DEFINITION", "Arm", "Data", "MlperfLog", "Setup", "SetupMismatch", "bundled_sample", "gaps",
-           "load_data", "load_results", "lower_step", "make_step", "merge", "open_mllog", "save", "save_seed_summary",
-           "seed_directory", "seed_summary", "seed_tables", "train_arm"]
+           "load_data", "load_results", "lower_step", "make_step", "merge", "merge_directory", "open_mllog", "save",
+           "save_seed_summary", "seed_directory", "seed_summary", "seed_tables", "train_arm"]
 
 REFERENCE = "bf16"
 FINAL_EVALS = 3
@@ -433,6 +434,27 @@ def merge(results: dict | None, setup: Setup, corpus: dict, name: str | None = N
                 raise SetupMismatch(f"arm {name!r} has a different {field} than arm {other_name!r}: the arms did "
                                     "not start from the same weights or see the same data")
     return {**results, "arms": {**results["arms"], name: arm}}
+
+
+def merge_directory(results: dict, setup: Setup, corpus: dict, source: Path, out_dir: Path) -> tuple[dict, list[str]]:
+    """``results`` (for ``setup`` and ``corpus``) with every arm of the results directory ``source`` added, as
+    :func:`merge` adds a trained arm, and those arms' MLPerf logs copied into ``out_dir/mllog``; also the names
+    added. For arms trained elsewhere: by parallel processes, each into a directory of its own, or on another
+    machine. Raises :class:`SetupMismatch` as :func:`merge` does, and FileNotFoundError without results."""
+    other = load_results(source)
+    if other is None:
+        raise FileNotFoundError(f"{source} holds no convergence.json")
+    try:
+        merge(other, setup, corpus)
+    except SetupMismatch as err:
+        raise SetupMismatch(f"{source}: {err}") from None
+    for name, arm in other["arms"].items():
+        results = merge(results, setup, corpus, name, arm)
+        log = Path(source) / "mllog" / f"{name}.log"
+        if log.exists():
+            (Path(out_dir) / "mllog").mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(log, Path(out_dir) / "mllog" / log.name)
+    return results, list(other["arms"])
 
 
 def _final_held_out(arm: dict) -> float:
