@@ -197,24 +197,33 @@ def cmd_convergence(args: argparse.Namespace) -> int:
     print(f"corpus {corpus['name']} (sha256 {corpus['sha256'][:16]}…, {corpus['tokens']} tokens): "
           f"{corpus['epoch_fraction']:.2f} epoch of its training split; held-out loss every {setup.eval_every} steps "
           f"on {setup.eval_batches} batches")
-    for setup, run_out, results in runs:
-        label = "" if len(runs) == 1 else f"seed {setup.config.seed} "
-        # With several seeds a source contributes its seed-<S> directory, where it has one.
-        sources = [Path(d) if len(runs) == 1 else Path(d) / convergence.seed_directory(setup.config.seed)
-                   for d in args.merge_from or ()]
-        sources = [d for d in sources if len(runs) == 1 or (d / "convergence.json").exists()]
-        if args.merge_from and not sources:
-            return fail(f"--merge-from: no directory holds {convergence.seed_directory(setup.config.seed)}")
-        for source in sources:
-            try:
-                results, names = convergence.merge_directory(results, setup, data.corpus, source, run_out)
-            except (OSError, convergence.SetupMismatch) as err:
-                return fail(f"--merge-from {source}: {err}")
-            print(f"{label}merged {', '.join(names)} from {source}")
-        if sources:
+    if args.merge_from:
+        merged, logs = [], []  # every seed's merge is checked before anything is written
+        for setup, run_out, results in runs:
+            # With several seeds a source contributes its seed-<S> directory, where it has one.
+            sources = [Path(d) if len(runs) == 1 else Path(d) / convergence.seed_directory(setup.config.seed)
+                       for d in args.merge_from]
+            sources = [d for d in sources if len(runs) == 1 or (d / "convergence.json").exists()]
+            if not sources:
+                return fail(f"--merge-from: no directory holds {convergence.seed_directory(setup.config.seed)}")
+            for source in sources:
+                try:
+                    results, names = convergence.merge_directory(results, setup, data.corpus, source)
+                except (OSError, convergence.SetupMismatch) as err:
+                    return fail(f"--merge-from {source}: {err}")
+                logs.append((source, run_out, names))
+                label = "" if len(runs) == 1 else f"seed {setup.config.seed} "
+                print(f"{label}merged {', '.join(names)} from {source}")
             if args.max_gap is not None and convergence.REFERENCE not in results["arms"]:
                 return fail(f"--max-gap needs the {convergence.REFERENCE} arm; neither {run_out} nor --merge-from "
                             "holds it")
+            merged.append((setup, run_out, results))
+        runs = merged
+        for source, run_out, names in logs:
+            convergence.copy_mllogs(source, run_out, names)
+    for setup, run_out, results in runs:
+        label = "" if len(runs) == 1 else f"seed {setup.config.seed} "
+        if args.merge_from:
             written = convergence.save(results, run_out)
         for name in arms:
             log = convergence.open_mllog(run_out, name)

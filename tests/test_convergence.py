@@ -239,6 +239,7 @@ def test_merge_from_joins_arms_trained_by_other_processes(tmp_path, monkeypatch,
     assert cli.main(["convergence", "--steps", "40", "--seed", "0", "7", "--out", str(tmp_path / "m3"),
                      "--merge-from", str(first)]) == 2
     assert "--merge-from: no directory holds seed-7" in capsys.readouterr().err
+    assert not (tmp_path / "m3").exists()  # seed 0's merge was checked, not written
 
 
 def test_model_shapes():

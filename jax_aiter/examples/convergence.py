@@ -40,9 +40,9 @@ from jax_aiter.gemm_fp4 import Mxfp4Recipe
 from jax_aiter.precision import PrecisionPolicy, PrecisionSchedule
 
 __all__ = ["ARMS", "DEFAULT_ARMS", "FINAL_EVALS", "FINAL_TRAIN_FRACTION", "GAP_DEFINITION", "OVERRIDES", "REFERENCE",
-           "SEED_SUMMARY_DEFINITION", "Arm", "Data", "MlperfLog", "Setup", "SetupMismatch", "bundled_sample", "gaps",
-           "load_data", "load_results", "lower_step", "make_step", "merge", "merge_directory", "open_mllog", "save",
-           "save_seed_summary", "seed_directory", "seed_summary", "seed_tables", "train_arm"]
+           "SEED_SUMMARY_DEFINITION", "Arm", "Data", "MlperfLog", "Setup", "SetupMismatch", "bundled_sample",
+           "copy_mllogs", "gaps", "load_data", "load_results", "lower_step", "make_step", "merge", "merge_directory",
+           "open_mllog", "save", "save_seed_summary", "seed_directory", "seed_summary", "seed_tables", "train_arm"]
 
 REFERENCE = "bf16"
 FINAL_EVALS = 3
@@ -436,11 +436,11 @@ def merge(results: dict | None, setup: Setup, corpus: dict, name: str | None = N
     return {**results, "arms": {**results["arms"], name: arm}}
 
 
-def merge_directory(results: dict, setup: Setup, corpus: dict, source: Path, out_dir: Path) -> tuple[dict, list[str]]:
+def merge_directory(results: dict, setup: Setup, corpus: dict, source: Path) -> tuple[dict, list[str]]:
     """``results`` (for ``setup`` and ``corpus``) with every arm of the results directory ``source`` added, as
-    :func:`merge` adds a trained arm, and those arms' MLPerf logs copied into ``out_dir/mllog``; also the names
-    added. For arms trained elsewhere: by parallel processes, each into a directory of its own, or on another
-    machine. Raises :class:`SetupMismatch` as :func:`merge` does, and FileNotFoundError without results."""
+    :func:`merge` adds a trained arm, and the names added. For arms trained elsewhere: by parallel processes,
+    each into a directory of its own, or on another machine (:func:`copy_mllogs` brings their MLPerf logs).
+    Raises :class:`SetupMismatch` as :func:`merge` does, and FileNotFoundError without results."""
     other = load_results(source)
     if other is None:
         raise FileNotFoundError(f"{source} holds no convergence.json")
@@ -450,11 +450,16 @@ def merge_directory(results: dict, setup: Setup, corpus: dict, source: Path, out
         raise SetupMismatch(f"{source}: {err}") from None
     for name, arm in other["arms"].items():
         results = merge(results, setup, corpus, name, arm)
+    return results, list(other["arms"])
+
+
+def copy_mllogs(source: Path, out_dir: Path, arms: list[str]) -> None:
+    """The MLPerf logs of ``arms`` in ``source/mllog`` (those it has) into ``out_dir/mllog``."""
+    for name in arms:
         log = Path(source) / "mllog" / f"{name}.log"
         if log.exists():
             (Path(out_dir) / "mllog").mkdir(parents=True, exist_ok=True)
             shutil.copyfile(log, Path(out_dir) / "mllog" / log.name)
-    return results, list(other["arms"])
 
 
 def _final_held_out(arm: dict) -> float:
