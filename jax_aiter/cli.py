@@ -213,7 +213,7 @@ def cmd_convergence(args: argparse.Namespace) -> int:
                     return fail(f"--merge-from {source}: {err}")
                 logs.append((source, run_out, names))
                 label = "" if len(runs) == 1 else f"seed {setup.config.seed} "
-                print(f"{label}merged {', '.join(names)} from {source}")
+                print(f"{label}merged {', '.join(names) or 'nothing new'} from {source}")
             if args.max_gap is not None and convergence.REFERENCE not in results["arms"]:
                 return fail(f"--max-gap needs the {convergence.REFERENCE} arm; neither {run_out} nor --merge-from "
                             "holds it")

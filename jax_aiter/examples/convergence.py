@@ -437,8 +437,8 @@ def merge(results: dict | None, setup: Setup, corpus: dict, name: str | None = N
 
 
 def merge_directory(results: dict, setup: Setup, corpus: dict, source: Path) -> tuple[dict, list[str]]:
-    """``results`` (for ``setup`` and ``corpus``) with every arm of the results directory ``source`` added, as
-    :func:`merge` adds a trained arm, and the names added. For arms trained elsewhere: by parallel processes,
+    """``results`` (for ``setup`` and ``corpus``) with the arms of the results directory ``source`` that it does
+    not already hold as they are there added, as :func:`merge` adds a trained arm, and the names added. For arms trained elsewhere: by parallel processes,
     each into a directory of its own, or on another machine (:func:`copy_mllogs` brings their MLPerf logs).
     Raises :class:`SetupMismatch` as :func:`merge` does, and FileNotFoundError without results."""
     other = load_results(source)
@@ -448,9 +448,11 @@ def merge_directory(results: dict, setup: Setup, corpus: dict, source: Path) -> 
         merge(other, setup, corpus)
     except SetupMismatch as err:
         raise SetupMismatch(f"{source}: {err}") from None
-    for name, arm in other["arms"].items():
-        results = merge(results, setup, corpus, name, arm)
-    return results, list(other["arms"])
+    # Arms equal to those already in results (a job's copy of the directory it trained into) are not news.
+    added = [name for name, arm in other["arms"].items() if results["arms"].get(name) != arm]
+    for name in added:
+        results = merge(results, setup, corpus, name, other["arms"][name])
+    return results, added
 
 
 def copy_mllogs(source: Path, out_dir: Path, arms: list[str]) -> None:
