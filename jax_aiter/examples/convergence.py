@@ -438,8 +438,9 @@ def merge(results: dict | None, setup: Setup, corpus: dict, name: str | None = N
 
 def merge_directory(results: dict, setup: Setup, corpus: dict, source: Path) -> tuple[dict, list[str]]:
     """``results`` (for ``setup`` and ``corpus``) with the arms of the results directory ``source`` that it does
-    not already hold as they are there added, as :func:`merge` adds a trained arm, and the names added. For arms trained elsewhere: by parallel processes,
-    each into a directory of its own, or on another machine (:func:`copy_mllogs` brings their MLPerf logs).
+    not already hold as they are there added, as :func:`merge` adds a trained arm, and the names added. For arms
+    trained elsewhere: by parallel processes, each into a directory of its own, or on another machine
+    (:func:`copy_mllogs` brings their MLPerf logs).
     Raises :class:`SetupMismatch` as :func:`merge` does, and FileNotFoundError without results."""
     other = load_results(source)
     if other is None:
