@@ -83,6 +83,10 @@ class Split:
     def splits(self, *names: str) -> bool:
         return any(self.axes.get(name) for name in names)
 
+    def splits_tokens(self) -> bool:
+        """Whether a contraction over tokens leaves partial sums on several devices (``reduce_over_tokens`` adds)."""
+        return bool(self._token_axes())
+
     def _token_axes(self) -> tuple[str, ...]:
         return tuple(a for name, axes in self.axes.items() if _is_token(name) for a in axes)
 

@@ -1,15 +1,16 @@
 """FP8 linear layer ``gemm_fp8(a, b) = a[..., K] @ b[N, K]^T`` with per-tensor current scaling (docs/fp8.md).
 
 Forward: x = a and W = b are each cast to E4M3 with their own scale (this call's amax over the whole tensor,
-``jax_aiter.ref.gemm_fp8``), multiplied with float32 accumulation, rescaled in float32 and rounded once to a's
+``jax_aiter.ref.gemm_fp8``), multiplied with float32 accumulation, rescaled in float32 and rounded to a's
 dtype. Backward (``custom_vjp``): the output gradient g is cast to the recipe's gradient format (E5M2 by
 default) with its own scale; dgrad ``dx = g . W`` and wgrad ``dW = g^T . x`` multiply it with the forward's
 float8 copies of W and x, the residuals (one byte an element). Gradients come back in the dtypes of a and b.
 
 The float8 product is the op ``gemm_fp8``, declared at the end of this module with one implementation, ``xla``:
-on the CPU the exact reference (float8 values upcast to float32, dot at HIGHEST precision); on GPUs a dot of the
-float8 operands themselves with float32 results and the scale applied after it, the form XLA's GPU compiler
-rewrites to cuBLASLt's FP8 GEMM. Both give the same values up to the order of the float32 sums.
+on the CPU the exact reference (float8 values upcast to float32, dot at HIGHEST precision); on GPUs the form
+XLA's GPU compilers rewrite to an FP8 GEMM that applies the (power-of-two) scale and rounds into the output dtype
+itself (``jax_aiter.ref.gemm_fp8.scaled_dot_fp8``). Both give the same values up to the order of the float32
+sums.
 
 The casts are plain JAX, partitioned by XLA (the amax becomes an all-reduce under sharding). Forward, dgrad and
 wgrad are custom-partitioned like ``jax_aiter.gemm`` (``jax_aiter._partition``): the weight's float8 copy is
@@ -88,21 +89,23 @@ def _rows(t: jax.Array) -> jax.Array:
 
 def _fprop(dtype, split, qx, qw, scale):
     qw = split.gather(qw, n=0, k=1)
-    y = _backend.dispatch("gemm_fp8", _rows(qx), qw, scale, contracting=(1, 1))
-    return (y.astype(dtype).reshape(*qx.shape[:-1], qw.shape[0]),)
+    y = _backend.dispatch("gemm_fp8", _rows(qx), qw, scale, contracting=(1, 1), out_dtype=dtype)
+    return (y.reshape(*qx.shape[:-1], qw.shape[0]),)
 
 
 def _dgrad(dtype, split, qg, qw, scale):
     qw = split.gather(qw, n=0, k=1)
-    dx = _backend.dispatch("gemm_fp8", _rows(qg), qw, scale, contracting=(1, 0))
-    return (dx.astype(dtype).reshape(*qg.shape[:-1], qw.shape[1]),)
+    dx = _backend.dispatch("gemm_fp8", _rows(qg), qw, scale, contracting=(1, 0), out_dtype=dtype)
+    return (dx.reshape(*qg.shape[:-1], qw.shape[1]),)
 
 
 def _wgrad(dtype, split, qg, qx, qw, scale):
     # qw contributes only its sharding, which is the one the weight gradient is reduced to.
     del qw
-    # The partial products stay float32 until they are reduced over the token shards; one rounding to b's dtype.
-    partial = _backend.dispatch("gemm_fp8", _rows(qg), _rows(qx), scale, contracting=(0, 0))
+    # Partial products over token shards stay float32 until they are reduced: one rounding to b's dtype.
+    partial_dtype = np.dtype(np.float32) if split.splits_tokens() else dtype
+    partial = _backend.dispatch("gemm_fp8", _rows(qg), _rows(qx), scale, contracting=(0, 0),
+                                out_dtype=partial_dtype)
     return (split.reduce_over_tokens(partial, n=0, k=1).astype(dtype),)
 
 
@@ -142,19 +145,19 @@ _gemm_fp8.defvjp(_fwd, _bwd)
 
 # --- implementations ----------------------------------------------------------------------------------------
 
-# Where XLA's GPU compiler finds no FP8 GEMM for the operands (older GPUs, gfx942's FP8 units, which take the FNUZ
-# formats), it computes the same dot in float16, still exact.
-CUDA_NOTE = "XLA's dot of the float8 operands, for its FP8 GEMM rewrite (cuBLASLt; Ada, Hopper and later)"
-ROCM_NOTE = "XLA's dot of the float8 operands, for its FP8 GEMM rewrite (hipBLASLt; GPUs with OCP float8, gfx950)"
+NOTES = {"cuda": "XLA's dot of the float8 operands times the scale, rewritten to cuBLASLt's FP8 GEMM with the scale "
+                 "and the rounding into the output dtype inside it (Ada, Hopper and later)",
+         "rocm": "XLA's dot of the float8 operands times the scale, rewritten to hipBLASLt's FP8 GEMM on GPUs with "
+                 "OCP float8 (gfx950); elsewhere XLA's float16 dot of the same values"}
 
 
 def _example() -> tuple[tuple, dict]:
     m, n, k = 16384, 14336, 4096
     return ((jax.ShapeDtypeStruct((m, k), jnp.float8_e4m3fn), jax.ShapeDtypeStruct((n, k), jnp.float8_e4m3fn),
-             jax.ShapeDtypeStruct((), jnp.float32)), {"contracting": (1, 1)})
+             jax.ShapeDtypeStruct((), jnp.float32)), {"contracting": (1, 1), "out_dtype": np.dtype(jnp.bfloat16)})
 
 
 _backend.define_op("gemm_fp8", example=_example, implementations=(
-    _backend.Implementation("xla", ref.scaled_dot, variants={"cuda": (ref.scaled_dot_fp8, CUDA_NOTE),
-                                                             "rocm": (ref.scaled_dot_fp8, ROCM_NOTE)}),
+    _backend.Implementation("xla", ref.scaled_dot, variants={
+        platform: (ref.scaled_dot_fp8, note) for platform, note in NOTES.items()}),
 ))
