@@ -15,8 +15,8 @@ float8 format, and the scaled product of two float8 operands (docs/fp8.md).
 * Product: ``dot(qa, qb) * scale_ab`` with ``scale_ab = scale_a * scale_b``, accumulated in float32 and rounded to
   the output dtype. Every float8 value is exact in bfloat16 and float32, every product of two of them in
   float32, and scale_ab is a power of two (exact down to 2^-149), so the rescale is exact too and implementations
-  differ only in the order of the float32 sums. Because the scale is a power of two, a float8 operand times it is
-  exact even in bfloat16: GPUs multiply a bfloat16 result by it (:func:`scaled_dot_fp8`).
+  differ only in the order of the float32 sums. Because scale_ab is a power of two, a bfloat16 result times it is
+  exact too (bfloat16's subnormal range aside): the form GPUs get (:func:`scaled_dot_fp8`).
 """
 
 import jax
