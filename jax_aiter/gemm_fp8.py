@@ -1,8 +1,8 @@
 """FP8 linear layer ``gemm_fp8(a, b) = a[..., K] @ b[N, K]^T`` with per-tensor current scaling (docs/fp8.md).
 
 Forward: x = a and W = b are each cast to E4M3 with their own scale (this call's amax over the whole tensor,
-``jax_aiter.ref.gemm_fp8``), multiplied with float32 accumulation, rescaled in float32 and rounded to a's
-dtype. Backward (``custom_vjp``): the output gradient g is cast to the recipe's gradient format (E5M2 by
+``jax_aiter.ref.gemm_fp8``; powers of two), multiplied with float32 accumulation, rescaled (exactly) and rounded
+once to a's dtype. Backward (``custom_vjp``): the output gradient g is cast to the recipe's gradient format (E5M2 by
 default) with its own scale; dgrad ``dx = g . W`` and wgrad ``dW = g^T . x`` multiply it with the forward's
 float8 copies of W and x, the residuals (one byte an element). Gradients come back in the dtypes of a and b.
 
