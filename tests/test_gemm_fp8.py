@@ -271,10 +271,9 @@ def test_info_lists_the_op_and_what_runs_on_gpus():
 
 def _dots(text):
     """Every dot_general of a lowered program as (lhs, rhs, result type). An operand is named by where its
-    values come from: ``f8E4M3FN`` a float8 array itself, ``f32(f8E4M3FN)`` its conversion to float32,
-    ``f32(f8E4M3FN)*s`` that conversion times a broadcast scalar; reshapes and transposes are looked through.
-    Values are looked up in the function (the
-    custom-partitioned bodies are functions of their own) that holds the dot."""
+    values come from: ``f8E4M3FN`` a float8 array itself, ``f32(f8E4M3FN)`` its conversion to float32; reshapes
+    and transposes are looked through. Values are looked up in the function (the custom-partitioned bodies are
+    functions of their own) that holds the dot."""
     dots = []
     for body in text.split("func.func")[1:]:
         defs = dict(re.findall(r"^\s*(%\w+) = (.*)$", body, flags=re.M))
@@ -285,9 +284,6 @@ def _dots(text):
                 return f"{m.group(3)}({origin(m.group(1))})"
             if m := re.match(r"stablehlo\.(?:reshape|transpose) (%\w+)", rhs):
                 return origin(m.group(1))
-            if m := re.match(r"stablehlo\.multiply (%\w+), (%\w+)", rhs):
-                scaled = [origin(v) for v in m.groups() if not defs.get(v, "").startswith("stablehlo.broadcast")]
-                return f"{scaled[0]}*s" if len(scaled) == 1 else rhs
             types = re.findall(rf"{re.escape(name)}: tensor<[\dx]*x(\w+)>", body)
             return types[0] if types else rhs
 
