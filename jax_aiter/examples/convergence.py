@@ -83,6 +83,8 @@ class Arm:
 
 _SR_GRAD = Mxfp4Recipe(gradient_stochastic=True)
 _SIGNED = Mxfp4Recipe.keyed_hadamard()
+_SIGNED_CEIL = dataclasses.replace(_SIGNED, activation_scale_rule="ceil", weight_scale_rule="ceil",
+                                   gradient_scale_rule="ceil")
 
 
 def _every_block(recipe: Mxfp4Recipe | None = None, **blocks: Any) -> PrecisionPolicy:
@@ -145,8 +147,7 @@ ARMS = {
         "keyed random-sign Hadamard (hadamard_seed=0) on wgrad, stochastic rounding of the gradient, the last 4 "
         "blocks BF16"),
     "mxfp4-signed-hadamard-scale-ceil-bf16-last2": Arm(
-        _every_block(dataclasses.replace(_SIGNED, activation_scale_rule="ceil", weight_scale_rule="ceil",
-                                         gradient_scale_rule="ceil"), bf16_last_blocks=2),
+        _every_block(_SIGNED_CEIL, bf16_last_blocks=2),
         "keyed random-sign Hadamard (hadamard_seed=0), the 'ceil' scale rule for every role, the last 2 blocks BF16"),
     "mxfp4-signed-fprop-hadamard-bf16-last4": Arm(
         _every_block(dataclasses.replace(_SIGNED, fprop_hadamard=16), bf16_last_blocks=4),
@@ -155,8 +156,7 @@ ARMS = {
         _every_block(dataclasses.replace(_SIGNED, wgrad_hadamard=32), bf16_last_blocks=4),
         "keyed random-sign Hadamard 32 (hadamard_seed=0) on wgrad, the last 4 blocks BF16"),
     "mxfp4-signed-hadamard-scale-ceil-bf16-last4": Arm(
-        _every_block(dataclasses.replace(_SIGNED, activation_scale_rule="ceil", weight_scale_rule="ceil",
-                                         gradient_scale_rule="ceil"), bf16_last_blocks=4),
+        _every_block(_SIGNED_CEIL, bf16_last_blocks=4),
         "keyed random-sign Hadamard (hadamard_seed=0), the 'ceil' scale rule for every role, the last 4 blocks BF16"),
     "mxfp4-then-fp8": Arm(PrecisionSchedule(_every_block(), PrecisionPolicy.fp8(), 0.1),
                           "Mxfp4Recipe.default() on every block, then FP8 current scaling for the last 10 % of the "
