@@ -55,6 +55,38 @@ def test_every_finite_bf16_pattern_under_several_scales(rule):
     assert_matches_oracle(np.concatenate(blocks), rule)
 
 
+def test_cuda_bf16_encoder_on_every_pattern_and_exponent(tmp_path):
+    """The CUDA kernels' bf16 encoder (codes through subnormal floats, mxfp4_codec.h), built for the host from
+    tests/fixtures/mxfp4/subnormal_codes.cc, against the float64 oracle: every bf16 pattern under every shared
+    exponent it serves (-127..23), in the row form and in both halves of the column form."""
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
+    if cxx is None:
+        pytest.skip("needs a host C++ compiler")
+    repo = Path(__file__).resolve().parents[1]
+    exe = tmp_path / "subnormal_codes"
+    subprocess.run([cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{repo / 'csrc/include'}",
+                    str(repo / "tests/fixtures/mxfp4/subnormal_codes.cc"), "-o", str(exe)], check=True)
+    raw = np.frombuffer(subprocess.run([str(exe)], capture_output=True, check=True).stdout, np.uint8)
+    exponents = np.arange(-127, 24)
+    nibbles = np.stack([raw & 15, raw >> 4], axis=-1).reshape(len(exponents), 3, 2 ** 16)
+    x = np.arange(2 ** 16, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32).astype(np.float64)
+    checked = 0
+    for e, got in zip(exponents, nibbles):
+        v = np.abs(x) * 2.0 ** -int(e)
+        # A block with shared exponent e holds |x| < 8 * 2^e under every rule; NaN and Inf never get here.
+        inside = np.isfinite(x) & (v < 8)
+        code = oracle._nearest_code(v[inside])
+        want = code | np.where(np.signbit(x[inside]) & (code > 0), 8, 0)
+        for form in got:
+            np.testing.assert_array_equal(form[inside], want, err_msg=f"e={e}")
+        checked += inside.sum()
+    assert checked > 3_000_000
+
+
 def test_nonfinite_bf16_patterns_poison_only_their_block():
     patterns = np.arange(2 ** 16, dtype=np.uint16).view(ml_dtypes.bfloat16)
     bad = patterns[~np.isfinite(patterns.astype(np.float32))]

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "jax_aiter/element.h"
 #include "jax_aiter/float_bits.h"
 
 namespace jax_aiter::mxfp4 {
@@ -226,6 +227,43 @@ JA_HOST_DEVICE uint32_t encode(uint32_t bits, const BlockScale& s, bool stochast
   return signed_code(stochastic ? round_stochastic(v, draw) : round_nearest(v), bits);
 }
 
+// --- round to nearest from bf16 with subnormal floats (the GPU kernels' common case) --------------------
+//
+// For a finite block with shared exponent e <= 23, p = |x| * 2^(-e-126) = v * 2^-126 (v = |x| / 2^e) is a
+// normal float for v >= 1, with exponent field k = v's binade + 1, and a subnormal float with bits v * 2^23
+// below 1. Either way the E2M1 code is p's bits rounded to a multiple of 2^22, ties to even, over 2^22: 2k plus
+// the top mantissa bit for normals, round(2 v) for subnormals, which is the E2M1 grid with its subnormal 0.5.
+// p is exact for v >= 1/4 when x has at most 8 significant bits (bf16): its last bit is then at least
+// 2^-9 * 2^23, so no bit of v is lost to the subnormal grid, and below 1/4 (code 0) rounding cannot pass 1/4.
+// Four integer operations per element replace encode()'s binade selection; but the multiplication must keep
+// subnormal results, which GPUs do and XLA's CPU runtime (FTZ/DAZ) does not, so only the CUDA kernels use this.
+JA_HOST_DEVICE bool subnormal_codes_apply(const BlockScale& s) { return s.finite && s.e <= 23; }
+
+// 2^(-e-126) for e in [-127, 23]: normal up to e = 0, subnormal above.
+JA_HOST_DEVICE float subnormal_code_factor(int e) {
+  return bits_as_float(e <= 0 ? static_cast<uint32_t>(1 - e) << 23 : 0x400000u >> (e - 1));
+}
+
+// E2M1 magnitude code of one element, 0..8: 8 (v in [7, 8), possible under the floor rule only) saturates to 7 in
+// signed_codes.
+JA_HOST_DEVICE uint32_t subnormal_code(float x, float factor) {
+  const uint32_t p = float_as_bits(fabsf(x) * factor);
+  return (p + 0x1FFFFFu + ((p >> 22) & 1u)) >> 22;
+}
+
+// Eight packed codes (nibble j: element j's code, 0..8) with their signs (bit 4j + 3 of `signs`; its other bits
+// are ignored): 8 saturates to 7, and a zero code keeps a + sign (code + 7 has bit 3 set exactly for 1..7).
+JA_HOST_DEVICE uint32_t signed_codes(uint32_t codes, uint32_t signs) {
+  codes -= (codes >> 3) & 0x11111111u;
+  return codes | (signs & (codes + 0x77777777u) & 0x88888888u);
+}
+
+// Sign bits for signed_codes from the high bytes of eight bf16 elements, whose top bit is the sign: `even`
+// holds the bytes of elements 0, 2, 4, 6 and `odd` those of 1, 3, 5, 7 (byte i: element 2i or 2i + 1).
+JA_HOST_DEVICE uint32_t interleave_signs(uint32_t even, uint32_t odd) {
+  return ((even >> 4) & 0x0F0F0F0Fu) | (odd & 0xF0F0F0F0u);
+}
+
 // --- dequantization into bf16 --------------------------------------------------------------------------
 
 // bf16 bits of E2M1 magnitude code m (0..7) times 2^(s - 127), for a scale byte s < 255, by the reference's
@@ -251,6 +289,40 @@ JA_HOST_DEVICE uint32_t byte_perm(uint32_t a, uint32_t b, uint32_t s) {
   for (int i = 0; i < 4; ++i) r |= static_cast<uint32_t>((bytes >> (8 * ((s >> (4 * i)) & 7u))) & 0xFFu) << (8 * i);
   return r;
 #endif
+}
+
+// The high bytes (sign and top exponent bits) of the eight bf16 values in words a, b, c, d, two per word: those
+// of the words' low halves in order (a's, b's, c's, d's), and of their high halves.
+struct Bf16HighBytes {
+  uint32_t low_halves, high_halves;
+};
+
+JA_HOST_DEVICE Bf16HighBytes bf16_high_bytes(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  const uint32_t ab = byte_perm(a, b, 0x7351u);  // bytes a.1, b.1, a.3, b.3
+  const uint32_t cd = byte_perm(c, d, 0x7351u);
+  return {byte_perm(ab, cd, 0x5410u), byte_perm(ab, cd, 0x7632u)};
+}
+
+// Packed codes, rounded to nearest through subnormal floats, of eight bf16 values of one block for which
+// subnormal_codes_apply holds (factor = subnormal_code_factor(e)): consecutive values in four words, as a row's
+// 16-byte chunk holds them, ...
+JA_HOST_DEVICE uint32_t subnormal_codes_bf16_row(const uint32_t (&w)[4], float factor) {
+  uint32_t codes = 0;
+  JA_UNROLL
+  for (int j = 0; j < 8; ++j) codes |= subnormal_code(Bf16::load_word(w[j / 2], j % 2), factor) << (4 * j);
+  const Bf16HighBytes high = bf16_high_bytes(w[0], w[1], w[2], w[3]);
+  return signed_codes(codes, interleave_signs(high.low_halves, high.high_halves));
+}
+
+// ... or one half (0: low, 1: high) of each of eight words, as a column of a tile of rows holds them.
+JA_HOST_DEVICE uint32_t subnormal_codes_bf16_column(const uint32_t* w, int half, float factor) {
+  uint32_t codes = 0;
+  JA_UNROLL
+  for (int j = 0; j < 8; ++j) codes |= subnormal_code(Bf16::load_word(w[j], half), factor) << (4 * j);
+  const Bf16HighBytes even = bf16_high_bytes(w[0], w[2], w[4], w[6]);
+  const Bf16HighBytes odd = bf16_high_bytes(w[1], w[3], w[5], w[7]);
+  return signed_codes(codes, half == 0 ? interleave_signs(even.low_halves, odd.low_halves)
+                                       : interleave_signs(even.high_halves, odd.high_halves));
 }
 
 // The 8 bf16 magnitudes of one block's scale byte as byte tables for byte_perm (lo/hi: low/high bytes of the
