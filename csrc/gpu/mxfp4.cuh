@@ -147,7 +147,7 @@ __device__ __forceinline__ RowwiseOffsets rowwise_offsets(const CastMxfp4Args<S>
   return o;
 }
 
-// bf16 on CUDA rounds through subnormal floats (mxfp4::subnormal_code, about half the instructions of
+// bf16 on CUDA rounds through subnormal floats (mxfp4::subnormal_rounded_bits, about half the instructions of
 // mxfp4::encode_nearest); HIP keeps the portable encoder, as its denormal mode is not verified here.
 template <typename E>
 inline constexpr bool kSubnormalCodes = std::is_same_v<E, Bf16> && !JA_HIP;

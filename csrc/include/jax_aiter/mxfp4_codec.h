@@ -235,8 +235,10 @@ JA_HOST_DEVICE uint32_t encode(uint32_t bits, const BlockScale& s, bool stochast
 // the top mantissa bit for normals, round(2 v) for subnormals, which is the E2M1 grid with its subnormal 0.5.
 // p is exact for v >= 1/4 when x has at most 8 significant bits (bf16): its last bit is then at least
 // 2^-9 * 2^23, so no bit of v is lost to the subnormal grid, and below 1/4 (code 0) rounding cannot pass 1/4.
-// Four integer operations per element replace encode()'s binade selection; but the multiplication must keep
-// subnormal results, which GPUs do and XLA's CPU runtime (FTZ/DAZ) does not, so only the CUDA kernels use this.
+// The rounding itself is a float addition (subnormal_rounded_bits), so an element costs a multiplication, an
+// addition and two integer operations, about half of encode()'s binade selection; but the multiplication must
+// keep subnormal results, which GPUs do and XLA's CPU runtime (FTZ/DAZ) does not, so only the CUDA kernels use
+// this.
 JA_HOST_DEVICE bool subnormal_codes_apply(const BlockScale& s) { return s.finite && s.e <= 23; }
 
 // 2^(-e-126) for e in [-127, 23]: normal up to e = 0, subnormal above.
@@ -244,11 +246,17 @@ JA_HOST_DEVICE float subnormal_code_factor(int e) {
   return bits_as_float(e <= 0 ? static_cast<uint32_t>(1 - e) << 23 : 0x400000u >> (e - 1));
 }
 
-// E2M1 magnitude code of one element, 0..8: 8 (v in [7, 8), possible under the floor rule only) saturates to 7 in
-// signed_codes.
-JA_HOST_DEVICE uint32_t subnormal_code(float x, float factor) {
+// The E2M1 magnitude code c of one element (0..8; 8, for v in [7, 8), happens under the floor rule only and
+// saturates to 7 in signed_codes) plus kRoundedBias. p's bits are below 2^25 and, for a bf16 input with v >= 1/4,
+// multiples of 4, so 2^23 + bits / 4 is a float in [2^23, 2^24) whose value is exact; adding 2^43, whose unit in the
+// last place is 2^20, rounds it once, ties to even, to 2^43 + 2^23 + round(bits / 2^22) * 2^20, whose bits are
+// kRoundedBias + c. (Below v = 1/4 the dropped bits only lower a value that rounds to 0 anyway.) The bias is
+// linear, so callers sum shifted results and subtract the shifted biases once.
+inline constexpr uint32_t kRoundedBias = 0x55000008u;  // float bits of 2^43 + 2^23
+
+JA_HOST_DEVICE uint32_t subnormal_rounded_bits(float x, float factor) {
   const uint32_t p = float_as_bits(fabsf(x) * factor);
-  return (p + 0x1FFFFFu + ((p >> 22) & 1u)) >> 22;
+  return float_as_bits(bits_as_float(0x4B000000u + (p >> 2)) + 8796093022208.f);
 }
 
 // Eight packed codes (nibble j: element j's code, 0..8) with their signs (bit 4j + 3 of `signs`; its other bits
@@ -307,18 +315,20 @@ JA_HOST_DEVICE Bf16HighBytes bf16_high_bytes(uint32_t a, uint32_t b, uint32_t c,
 // subnormal_codes_apply holds (factor = subnormal_code_factor(e)): consecutive values in four words, as a row's
 // 16-byte chunk holds them, ...
 JA_HOST_DEVICE uint32_t subnormal_codes_bf16_row(const uint32_t (&w)[4], float factor) {
-  uint32_t codes = 0;
+  uint32_t biased = 0;
   JA_UNROLL
-  for (int j = 0; j < 8; ++j) codes |= subnormal_code(Bf16::load_word(w[j / 2], j % 2), factor) << (4 * j);
+  for (int j = 0; j < 8; ++j) biased += subnormal_rounded_bits(Bf16::load_word(w[j / 2], j % 2), factor) << (4 * j);
+  const uint32_t codes = biased - kRoundedBias * 0x11111111u;
   const Bf16HighBytes high = bf16_high_bytes(w[0], w[1], w[2], w[3]);
   return signed_codes(codes, interleave_signs(high.low_halves, high.high_halves));
 }
 
 // ... or one half (0: low, 1: high) of each of eight words, as a column of a tile of rows holds them.
 JA_HOST_DEVICE uint32_t subnormal_codes_bf16_column(const uint32_t* w, int half, float factor) {
-  uint32_t codes = 0;
+  uint32_t biased = 0;
   JA_UNROLL
-  for (int j = 0; j < 8; ++j) codes |= subnormal_code(Bf16::load_word(w[j], half), factor) << (4 * j);
+  for (int j = 0; j < 8; ++j) biased += subnormal_rounded_bits(Bf16::load_word(w[j], half), factor) << (4 * j);
+  const uint32_t codes = biased - kRoundedBias * 0x11111111u;
   const Bf16HighBytes even = bf16_high_bytes(w[0], w[2], w[4], w[6]);
   const Bf16HighBytes odd = bf16_high_bytes(w[1], w[3], w[5], w[7]);
   return signed_codes(codes, half == 0 ? interleave_signs(even.low_halves, odd.low_halves)
