@@ -67,11 +67,6 @@ def _check(x, gamma, epsilon) -> float:
 
 # --- implementations ----------------------------------------------------------------------------------------
 
-# On CUDA, XLA's fused forward measured 1.04-1.12x faster than the forward kernel (docs/performance.md), while
-# the backward kernel is 1.03-1.17x faster than XLA's: the native implementation takes each direction's faster one.
-XLA_FORWARD_NOTE = "forward: XLA's fusion (faster than the kernel on an H200), backward: kernel"
-
-
 def _example():
     return (jax.ShapeDtypeStruct((4096, 4096), jnp.bfloat16), jax.ShapeDtypeStruct((4096,), jnp.bfloat16)), \
         {"epsilon": 1e-6}
@@ -87,8 +82,7 @@ _backend.define_op("rms_norm", example=_example, implementations=(
                             targets=(RMS_NORM_FWD,), supports=aiter_impl.supports,
                             forced_only=aiter_impl.forced_only),
     _backend.Implementation("native", native_impl.rms_norm, library=native.LIBRARY,
-                            targets=native_impl.RMS_NORM_TARGETS, supports=native_impl.supports,
-                            variants={"cuda": (native_impl.rms_norm_xla_forward, XLA_FORWARD_NOTE)}),
+                            targets=native_impl.RMS_NORM_TARGETS, supports=native_impl.supports),
     _backend.Implementation("xla", reverse_mode(ref.rms_norm)),
 ))
 _backend.define_op("rms_norm_with_add", example=_example_with_add, implementations=(

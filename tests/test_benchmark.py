@@ -48,9 +48,11 @@ def test_variants_say_which_direction_runs_where():
     import jax_aiter.activation  # noqa: F401
     import jax_aiter.rmsnorm  # noqa: F401
 
-    for op in ("rms_norm", "silu_and_mul"):
-        native = next(i for i in _backend.implementations(op) if i.name == "native")
-        assert "XLA" in native.note_for("cuda")
-        assert native.fn_for("cuda") is not native.fn and native.fn_for("cpu") is native.fn
-        assert native.note_for("cpu") is None
+    silu = next(i for i in _backend.implementations("silu_and_mul") if i.name == "native")
+    assert "XLA" in silu.note_for("cuda")
+    assert silu.fn_for("cuda") is not silu.fn and silu.fn_for("cpu") is silu.fn
+    assert silu.note_for("cpu") is None
+    # RMSNorm's kernels run in both directions on CUDA: its exact reference is no longer the faster forward.
+    norm = next(i for i in _backend.implementations("rms_norm") if i.name == "native")
+    assert norm.fn_for("cuda") is norm.fn and norm.note_for("cuda") is None
     assert "rms_norm" in jax_aiter.info()

@@ -421,23 +421,6 @@ def test_native_forward_saves_the_rms(device):
     np.testing.assert_allclose(np.asarray(rms, np.float64), want, rtol=2 ** -22)  # a few float32 roundings
 
 
-def test_xla_forward_with_the_backward_kernel_on_huge_rows():
-    """The CUDA variant's residual (rms from XLA's forward) on rows whose float32 sum of squares overflows."""
-    from jax_aiter.native import rmsnorm as native_rmsnorm
-
-    if _native.load("cpu").problem:
-        pytest.skip(_native.load("cpu").problem)
-    x = _extreme_rows("3e38", 96, jnp.float32)
-    gamma = jnp.linspace(0.5, 1.5, 96, dtype=jnp.float32)
-    dy = jax.random.normal(jax.random.key(1), x.shape) * 2.0 ** 100
-    y, vjp = jax.vjp(lambda x, g: native_rmsnorm.rms_norm_xla_forward(x, g, epsilon=1e-6), x, gamma)
-    dx, dgamma = vjp(dy)
-    _oracle.assert_close(y, _oracle.rms_norm(x, gamma, 1e-6), jnp.float32, factor=2)
-    want_dx, want_dgamma = _oracle.rms_norm_grads(x, gamma, 1e-6, dy)
-    _oracle.assert_close(dx, want_dx, jnp.float32, factor=4)
-    _oracle.assert_close(dgamma, want_dgamma, jnp.float32, factor=4)
-
-
 def test_zero_rows_with_the_smallest_epsilon_have_finite_gradients(impl):
     """dx of an all-zero row is gamma * dy / sqrt(epsilon): 2^63 * gamma * dy for the smallest normal epsilon,
     where a 1/rms^3 term (2^189) would overflow float32 and turn it into NaN."""
@@ -563,24 +546,3 @@ def test_malformed_rms_norm_calls_raise_and_never_crash(data):
         _property.break_one_slot(case, data.draw, grow)
         cases.append(case)
     _property.malformed_calls_survive(cases)
-
-
-@pytest.mark.skipif(_native.load("cpu").problem is not None, reason="no CPU library built")
-def test_cuda_variant_xla_forward_with_the_backward_kernel():
-    """The native implementation's CUDA variant (XLA's forward, the backward kernel), run here on the CPU: the
-    forward is the reference's own program, the gradient calls the backward kernel and equals the float64 one."""
-    from jax_aiter.native import rmsnorm as native_rmsnorm
-
-    x, gamma, _, dy = _inputs((8, 96), jnp.float32, seed=9)
-    y, vjp = jax.vjp(lambda x, g: native_rmsnorm.rms_norm_xla_forward(x, g, epsilon=1e-6), x, gamma)
-    np.testing.assert_array_equal(np.asarray(y), np.asarray(_ref.rms_norm(x, gamma, epsilon=1e-6)))
-    dx, dgamma = vjp(dy)
-    want_dx, want_dgamma = _oracle.rms_norm_grads(x, gamma, 1e-6, dy)
-    _oracle.assert_close(dx, want_dx, jnp.float32, factor=2)
-    _oracle.assert_close(dgamma, want_dgamma, jnp.float32, factor=2)
-    hlo = jax.jit(jax.grad(lambda x: native_rmsnorm.rms_norm_xla_forward(x, gamma, epsilon=1e-6).sum())).lower(
-        x).as_text()
-    assert "ja_rms_norm_bwd" in hlo and "ja_rms_norm_fwd" not in hlo
-    declared = next(i for i in _backend.implementations("rms_norm") if i.name == "native")
-    assert declared.fn_for("cuda") is native_rmsnorm.rms_norm_xla_forward and declared.fn_for("cpu") is declared.fn
-    assert "forward: XLA's fusion" in declared.note_for("cuda")

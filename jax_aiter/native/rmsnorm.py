@@ -120,29 +120,6 @@ def _rms_norm_with_add_bwd(epsilon, residuals, cotangents):
 _rms_norm_with_add.defvjp(_rms_norm_with_add_fwd, _rms_norm_with_add_bwd)
 
 
-# XLA's forward with this project's backward kernel: where XLA's own fusion of the forward measured faster than
-# the forward kernel (NVIDIA H200, docs/performance.md). The primal is the reference itself; under
-# differentiation the forward also computes rms per row (the backward kernel's residual) in XLA.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _rms_norm_xla_forward(x, gamma, epsilon):
-    return ref.rms_norm(x, gamma, epsilon=epsilon)
-
-
-def _rms_norm_xla_forward_fwd(x, gamma, epsilon):
-    y, rms = _forward_reference(x, gamma, epsilon=epsilon)
-    return y, (x, gamma, checkpoint_name(rms, RMS_NAME))
-
-
-_rms_norm_xla_forward.defvjp(_rms_norm_xla_forward_fwd, _rms_norm_bwd)
-
-
-def rms_norm_xla_forward(x, gamma, *, epsilon):
-    """:func:`rms_norm` with XLA's forward and the backward kernel."""
-    if math.prod(x.shape) == 0:
-        return _reverse_mode_reference(ref.rms_norm)(x, gamma, epsilon=epsilon)
-    return _rms_norm_xla_forward(x, gamma, epsilon)
-
-
 # An input without elements needs no kernel: the reference gives the same (empty) result.
 
 
