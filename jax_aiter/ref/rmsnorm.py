@@ -27,13 +27,15 @@ def _row_scale(x32: jax.Array, epsilon: float) -> tuple[jax.Array, jax.Array]:
     """Per row (last axis kept): ``scale`` (1 or 2^-80) and ``u = (mean(x^2) + epsilon) * scale^2``, finite for
     finite x, so that ``rsqrt(mean(x^2) + epsilon) = rsqrt(u) * scale``."""
     plain = jnp.mean(x32 * x32, axis=-1, keepdims=True)
-    # The barrier keeps XLA from rewriting (x*s)*(x*s) as (x*x)*(s*s): s*s = 2^-160 is 0 in float32, and the
-    # rewrite (jaxlib 0.11's CPU compiler makes it) turns an overflowing row into inf*0 = NaN.
-    scaled_x = jax.lax.optimization_barrier(x32 * OVERFLOW_SCALE)
-    scaled = jnp.mean(scaled_x * scaled_x, axis=-1, keepdims=True)
     finite = jnp.isfinite(plain)
+    scale = jnp.where(finite, 1.0, OVERFLOW_SCALE).astype(jnp.float32)
+    # The per-row scale is a runtime value, so XLA cannot rewrite (x*s)*(x*s) as (x*x)*(s*s) with s*s folded to
+    # 2^-160 = 0 in float32 (which turns an overflowing row into inf*0 = NaN; jaxlib 0.11's CPU compiler does that
+    # for a constant s), and the scaled sum needs no materialized copy of x.
+    scaled_x = x32 * scale
+    scaled = jnp.mean(scaled_x * scaled_x, axis=-1, keepdims=True)
     u = jnp.where(finite, plain + epsilon, scaled + epsilon * OVERFLOW_SCALE * OVERFLOW_SCALE)
-    return jnp.where(finite, 1.0, OVERFLOW_SCALE).astype(jnp.float32), u
+    return scale, u
 
 
 def row_rms(x: jax.Array, *, epsilon: float) -> jax.Array:
