@@ -254,8 +254,20 @@ JA_HOST_DEVICE float subnormal_code_factor(int e) {
 // linear, so callers sum shifted results and subtract the shifted biases once.
 inline constexpr uint32_t kRoundedBias = 0x55000008u;  // float bits of 2^43 + 2^23
 
+// x * y rounded to nearest, subnormal results kept: on the device an explicit PTX multiplication without .ftz,
+// so that a build with -ftz=true or --use_fast_math (which flush the plain `*`) still gets exact codes.
+JA_HOST_DEVICE float multiply_keeping_subnormals(float x, float y) {
+#if defined(__CUDA_ARCH__)
+  float product;
+  asm("mul.rn.f32 %0, %1, %2;" : "=f"(product) : "f"(x), "f"(y));
+  return product;
+#else
+  return x * y;
+#endif
+}
+
 JA_HOST_DEVICE uint32_t subnormal_rounded_bits(float x, float factor) {
-  const uint32_t p = float_as_bits(fabsf(x) * factor);
+  const uint32_t p = float_as_bits(multiply_keeping_subnormals(fabsf(x), factor));
   return float_as_bits(bits_as_float(0x4B000000u + (p >> 2)) + 8796093022208.f);
 }
 
