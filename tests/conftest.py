@@ -125,20 +125,27 @@ def device(request):
 
 
 @pytest.fixture(scope="session")
-def host_driver(tmp_path_factory):
-    """tests/fixtures/aiter/host_driver.cc with csrc/aiter's plain-C++ table parsing and kernel selection, built
-    for this machine: it prints argument-block offsets and kernel choices as JSON."""
+def host_cxx():
+    """The host's C++ compiler (tests that build a fixture program skip without one)."""
     import shutil
-    import subprocess
-    from pathlib import Path
 
     cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("needs a host C++ compiler")
+    return cxx
+
+
+@pytest.fixture(scope="session")
+def host_driver(tmp_path_factory, host_cxx):
+    """tests/fixtures/aiter/host_driver.cc with csrc/aiter's plain-C++ table parsing and kernel selection, built
+    for this machine: it prints argument-block offsets and kernel choices as JSON."""
+    import subprocess
+    from pathlib import Path
+
     repo = Path(__file__).resolve().parents[1]
     exe = tmp_path_factory.mktemp("aiter") / "host_driver"
     sources = [repo / "tests/fixtures/aiter/host_driver.cc", repo / "csrc/aiter/kernel_table.cc",
                repo / "csrc/aiter/gemm_select.cc"]
-    subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{repo / 'csrc/aiter'}",
+    subprocess.run([host_cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", f"-I{repo / 'csrc/aiter'}",
                     *map(str, sources), "-o", str(exe)], check=True)
     return exe

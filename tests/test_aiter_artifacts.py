@@ -38,7 +38,6 @@ REPO = Path(__file__).resolve().parents[1]
 FIXTURES = REPO / "tests" / "fixtures" / "aiter"
 PINNED = json.loads((FIXTURES / "e4048607.json").read_text())
 WHEEL = json.loads((FIXTURES / "wheel-0.1.7.post2.dev18.json").read_text())
-CXX = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import aiter_selection_oracle as oracle  # noqa: E402
 from aiter_code_objects import write_code_object  # noqa: E402
@@ -73,11 +72,9 @@ def test_fixture_covers_every_table_and_code_object_the_bridge_uses():
 
 
 @pytest.fixture(scope="module")
-def cxx_layout(tmp_path_factory) -> dict:
+def cxx_layout(tmp_path_factory, host_cxx) -> dict:
     """offsetof/sizeof of every member validate.LAYOUTS names, and every non-padding member the structs have,
     compiled from csrc/aiter/asm_kernel_args.h with the host compiler."""
-    if CXX is None:
-        pytest.skip("needs a host C++ compiler")
     lines = []
     for layout in validate.LAYOUTS.values():
         for f in layout.fields:
@@ -88,7 +85,7 @@ def cxx_layout(tmp_path_factory) -> dict:
     source.write_text('#include <cstddef>\n#include <iostream>\n#include "asm_kernel_args.h"\n'
                       "using namespace jax_aiter::aiter;\nint main() {\n" + "\n".join(lines) + "\n}\n")
     exe = source.with_suffix("")
-    subprocess.run([CXX, "-std=c++17", "-Wall", "-Werror", f"-I{REPO / 'csrc/aiter'}", str(source), "-o", str(exe)],
+    subprocess.run([host_cxx, "-std=c++17", "-Wall", "-Werror", f"-I{REPO / 'csrc/aiter'}", str(source), "-o", str(exe)],
                    check=True)
     out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
     return {(s, m): (int(o), int(z)) for s, m, o, z in (line.split() for line in out.splitlines())}
@@ -192,7 +189,7 @@ CUS = {"gfx950": (256,), "gfx942": (304, 80)}  # MI355X; MI300X and MI308X
 
 
 @pytest.mark.parametrize("table", list(USED_TABLES))
-def test_selection_equals_aiters_heuristic(host_driver, tmp_path, table):
+def test_selection_equals_aiters_heuristic(host_driver, host_cxx, tmp_path, table):
     """gemm_select.cc with the arch walks AITER's unordered_map order and must pick AITER's kernel and split
     everywhere on the grid; without it (file order) it must still follow AITER's rules over that order."""
     arch = table.split("/")[0]
@@ -201,7 +198,7 @@ def test_selection_equals_aiters_heuristic(host_driver, tmp_path, table):
     columns, raw_rows = TABLES[table]["columns"], TABLES[table]["rows"]
     rows = [dict(zip(columns, r)) for r in raw_rows]
     queries = [(m, n, k, cu) for cu in CUS[arch] for m in M_GRID for n, k in NK_GRID]
-    map_order = oracle.unordered_map_order(CXX, tmp_path, [arch + r["knl_name"] for r in rows])
+    map_order = oracle.unordered_map_order(host_cxx, tmp_path, [arch + r["knl_name"] for r in rows])
     for order, driver_arch in ((map_order, arch), (list(range(len(rows))), "")):
         walked = [rows[i] for i in order]
         ours = _select(host_driver, family, path, driver_arch, queries)

@@ -55,20 +55,16 @@ def test_every_finite_bf16_pattern_under_several_scales(rule):
     assert_matches_oracle(np.concatenate(blocks), rule)
 
 
-def test_cuda_bf16_encoder_on_every_pattern_and_exponent(tmp_path):
+def test_cuda_bf16_encoder_on_every_pattern_and_exponent(tmp_path, host_cxx):
     """The CUDA kernels' bf16 encoder (codes through subnormal floats, mxfp4_codec.h), built for the host from
     tests/fixtures/mxfp4/subnormal_codes.cc, against the float64 oracle: every bf16 pattern under every shared
     exponent it serves (-127..23), in the row form and in both halves of the column form."""
-    import shutil
     import subprocess
     from pathlib import Path
 
-    cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
-    if cxx is None:
-        pytest.skip("needs a host C++ compiler")
     repo = Path(__file__).resolve().parents[1]
     exe = tmp_path / "subnormal_codes"
-    subprocess.run([cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{repo / 'csrc/include'}",
+    subprocess.run([host_cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{repo / 'csrc/include'}",
                     str(repo / "tests/fixtures/mxfp4/subnormal_codes.cc"), "-o", str(exe)], check=True)
     raw = np.frombuffer(subprocess.run([str(exe)], capture_output=True, check=True).stdout, np.uint8)
     exponents = np.arange(-127, 24)
