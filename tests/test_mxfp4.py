@@ -55,10 +55,8 @@ def test_every_finite_bf16_pattern_under_several_scales(rule):
     assert_matches_oracle(np.concatenate(blocks), rule)
 
 
-def test_cuda_bf16_encoder_on_every_pattern_and_exponent(tmp_path, host_cxx):
-    """The CUDA kernels' bf16 encoder (codes through subnormal floats, mxfp4_codec.h), built for the host from
-    tests/fixtures/mxfp4/subnormal_codes.cc, against the float64 oracle: every bf16 pattern under every shared
-    exponent it serves (-127..23), in the row form and in both halves of the column form."""
+def _encoder_codes(tmp_path, host_cxx, *args):
+    """Codes written by tests/fixtures/mxfp4/subnormal_codes.cc (built for the host) with ``args``: one per nibble."""
     import subprocess
     from pathlib import Path
 
@@ -66,21 +64,58 @@ def test_cuda_bf16_encoder_on_every_pattern_and_exponent(tmp_path, host_cxx):
     exe = tmp_path / "subnormal_codes"
     subprocess.run([host_cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{repo / 'csrc/include'}",
                     str(repo / "tests/fixtures/mxfp4/subnormal_codes.cc"), "-o", str(exe)], check=True)
-    raw = np.frombuffer(subprocess.run([str(exe)], capture_output=True, check=True).stdout, np.uint8)
-    exponents = np.arange(-127, 24)
-    nibbles = np.stack([raw & 15, raw >> 4], axis=-1).reshape(len(exponents), 3, 2 ** 16)
+    raw = np.frombuffer(subprocess.run([str(exe), *args], capture_output=True, check=True).stdout, np.uint8)
+    return np.stack([raw & 15, raw >> 4], axis=-1).reshape(-1)
+
+
+ENCODER_EXPONENTS = np.arange(-127, 24)  # the shared exponents the subnormal-float encoders serve
+
+
+def _oracle_codes(x, e):
+    """The reference's code of each float64 value x under shared exponent e, where a block with that exponent
+    can hold x (|x| < 8 * 2^e under every rule; NaN and Inf never get here), and that mask."""
+    v = np.abs(x) * 2.0 ** -int(e)
+    inside = np.isfinite(x) & (v < 8)
+    code = oracle._nearest_code(v[inside])
+    return code | np.where(np.signbit(x[inside]) & (code > 0), 8, 0), inside
+
+
+def test_cuda_bf16_encoder_on_every_pattern_and_exponent(tmp_path, host_cxx):
+    """The CUDA kernels' bf16 encoder (codes through subnormal floats, mxfp4_codec.h) against the float64 oracle:
+    every bf16 pattern under every shared exponent it serves (-127..23), in the row form and in both halves of
+    the column form."""
+    nibbles = _encoder_codes(tmp_path, host_cxx).reshape(len(ENCODER_EXPONENTS), 3, 2 ** 16)
     x = np.arange(2 ** 16, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32).astype(np.float64)
     checked = 0
-    for e, got in zip(exponents, nibbles):
-        v = np.abs(x) * 2.0 ** -int(e)
-        # A block with shared exponent e holds |x| < 8 * 2^e under every rule; NaN and Inf never get here.
-        inside = np.isfinite(x) & (v < 8)
-        code = oracle._nearest_code(v[inside])
-        want = code | np.where(np.signbit(x[inside]) & (code > 0), 8, 0)
+    for e, got in zip(ENCODER_EXPONENTS, nibbles):
+        want, inside = _oracle_codes(x, e)
         for form in got:
             np.testing.assert_array_equal(form[inside], want, err_msg=f"e={e}")
         checked += inside.sum()
     assert checked > 3_000_000
+
+
+# The low halves the fixture puts under every bf16 pattern for the float32 encoder (its kLowHalves).
+FLOAT_ENCODER_LOW_HALVES = (0x0000, 0x0001, 0x4000, 0x7FFF, 0x8000, 0x8001, 0xC000, 0xFFFF)
+
+
+def test_cuda_float_encoder_rounds_float32_values_once(tmp_path, host_cxx):
+    """The CUDA kernels' encoder of rotated (float32) values, which rounds them to odd at bf16 precision before
+    the bf16 encoder: against the float64 oracle on the float32 values just around every tie and every bf16 value
+    (every high half with low halves 0, 1, 1/4, 1/2 - 1, 1/2, 1/2 + 1, 3/4, 1 - 1 of the bf16 unit), under every
+    exponent it serves. Rounding twice to nearest (dropping the low half first) would fail it: 0x8000 and 0x8001
+    under a tie differ only in the second rounding's tie rule."""
+    lows = np.array(FLOAT_ENCODER_LOW_HALVES, np.uint32)
+    nibbles = _encoder_codes(tmp_path, host_cxx, "float").reshape(len(ENCODER_EXPONENTS), len(lows), 2 ** 16)
+    bits = (np.arange(2 ** 16, dtype=np.uint32)[None, :] << 16) | lows[:, None]
+    with np.errstate(invalid="ignore"):  # signalling NaN patterns; the oracle leaves non-finite values out
+        x = bits.view(np.float32).astype(np.float64)
+    checked = 0
+    for e, got in zip(ENCODER_EXPONENTS, nibbles):
+        want, inside = _oracle_codes(x, e)
+        np.testing.assert_array_equal(got[inside], want, err_msg=f"e={e}")
+        checked += inside.sum()
+    assert checked > 24_000_000
 
 
 def test_nonfinite_bf16_patterns_poison_only_their_block():
@@ -516,6 +551,13 @@ OPTION_CASES = [
                        index_offset=(0, 64))),
     (jnp.float32, dict(hadamard_rowwise=16, hadamard_columnwise=32, hadamard_key=9, sr_key=1,
                        layout_rowwise="gemm_b", layout_columnwise="gemm_b")),
+    # Round to nearest with only the columnwise copy rotated (the GPU's rotated-columns kernel; the default
+    # recipe's wgrad operands): both sizes, with and without keyed signs, every dtype.
+    (jnp.bfloat16, dict(hadamard_columnwise=16, layout_rowwise="gemm_a", layout_columnwise="gemm_a")),
+    (jnp.bfloat16, dict(scale_rule="floor", hadamard_columnwise=32, hadamard_key=3, layout_columnwise="gemm_b",
+                        index_offset=(64, 32))),
+    (jnp.float16, dict(scale_rule="ceil", hadamard_columnwise=16, hadamard_key=5)),
+    (jnp.float32, dict(hadamard_columnwise=32, layout_rowwise="gemm_b")),
 ]
 
 
@@ -533,17 +575,19 @@ def test_dual_cast_options_bit_exact(device, dtype, options):
     assert_same_bytes(native, reference, str(options))
 
 
-@pytest.mark.parametrize("columnwise, layout", [(False, "gemm_b"), (True, "plain"), (True, "gemm_b")])
-def test_single_cast_bit_exact(device, columnwise, layout):
+@pytest.mark.parametrize("columnwise, layout, sr_key", [(False, "gemm_b", 5), (True, "plain", 5), (True, "gemm_b", 5),
+                                                         (True, "plain", None)])
+def test_single_cast_bit_exact(device, columnwise, layout, sr_key):
     x = jax.device_put(tricky_matrix(128, 192, jnp.bfloat16, seed=1), device)
-    options = dict(columnwise=columnwise, layout=layout, sr_key=5, hadamard=16, hadamard_key=2)
+    options = dict(columnwise=columnwise, layout=layout, sr_key=sr_key, hadamard=16, hadamard_key=2)
     assert_same_bytes(*_oracle.native_and_reference(cast_mxfp4, x, **options), str(options))
 
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 @pytest.mark.parametrize("options", [dict(hadamard_rowwise=16, hadamard_columnwise=32),
-                                     dict(hadamard_rowwise=32, hadamard_columnwise=16, sr_key=3, hadamard_key=4)],
-                         ids=["nearest", "stochastic-signed"])
+                                     dict(hadamard_rowwise=32, hadamard_columnwise=16, sr_key=3, hadamard_key=4),
+                                     dict(hadamard_columnwise=16, hadamard_key=4)],
+                         ids=["nearest", "stochastic-signed", "rotated-columns"])
 def test_hadamard_cast_near_the_flush_bound(device, dtype, options):
     """Rotations skip their flushes when every non-zero input has |x| >= 2^-100 (mxfp4_codec.h,
     rotation_never_flushes). Rows whose smallest non-zero magnitude lies just above, at and below that bound,
@@ -561,11 +605,13 @@ def test_hadamard_cast_near_the_flush_bound(device, dtype, options):
     assert_same_bytes(*_oracle.native_and_reference(dual_cast, x, **options), f"{np.dtype(dtype).name} {options}")
 
 
+@pytest.mark.parametrize("hadamard", [0, 16])
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_columnwise_cast_of_unaligned_rows(device, dtype):
+def test_columnwise_cast_of_unaligned_rows(device, dtype, hadamard):
     # K = 37: rows are not whole 16-byte chunks, so the kernel loads element by element.
     x = jax.device_put(tricky_matrix(64, 37, dtype, seed=2), device)
-    assert_same_bytes(*_oracle.native_and_reference(cast_mxfp4, x, columnwise=True), np.dtype(dtype).name)
+    assert_same_bytes(*_oracle.native_and_reference(cast_mxfp4, x, columnwise=True, hadamard=hadamard),
+                      f"{np.dtype(dtype).name} hadamard {hadamard}")
 
 
 def every_finite_pattern(dtype):
@@ -585,6 +631,17 @@ def every_finite_pattern(dtype):
 def test_every_finite_16bit_pattern(device, dtype, rule):
     x = jax.device_put(jnp.asarray(every_finite_pattern(dtype)), device)
     assert_same_bytes(*_oracle.native_and_reference(dual_cast, x, scale_rule=rule), f"{np.dtype(dtype).name} {rule}")
+
+
+@pytest.mark.parametrize("size", [16, 32])
+def test_every_finite_bf16_pattern_in_rotated_columns(device, size):
+    """Every finite bf16 pattern through the columnwise copy's rotation: 32 consecutive rows of one column mix
+    different patterns, so the rotated float32 values (which the GPU encodes after rounding them to odd at bf16
+    precision) carry low bits of every kind."""
+    x = every_finite_pattern(ml_dtypes.bfloat16).reshape(-1, 64)
+    x = jax.device_put(jnp.asarray(np.concatenate([x, np.zeros((-len(x) % 64, 64), x.dtype)])), device)
+    assert_same_bytes(*_oracle.native_and_reference(dual_cast, x, hadamard_columnwise=size, hadamard_key=1),
+                      f"size {size}")
 
 
 WORKED_BLOCK = [  # docs/mxfp4.md, "Kernel contract": x[i] = float32((i - 16) * 0.37), one rowwise block

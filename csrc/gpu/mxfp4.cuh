@@ -9,9 +9,10 @@
 // * Columnwise copy, through shared memory: each thread takes one 32-row half of the tile and one 4-byte
 //   column of it (two 16-bit columns or one fp32 column), quantizes each column's 32 values in registers and
 //   writes 16 bytes per column; the two halves of a column make one 32-byte sector.
-// Two variants of each kernel: the common one (round to nearest, no Hadamard) keeps its inputs packed and
-// carries no stochastic-rounding or rotation code, so it stays within fewer registers and instructions per
-// element; the general one handles every option (kGeneral).
+// Three variants of each kernel (CastPath): the common one (round to nearest, no Hadamard) keeps its inputs
+// packed and carries no stochastic-rounding or rotation code, so it stays within fewer registers and instructions
+// per element; the rotated-columns one is the same with the columnwise copy rotated (the default recipe's wgrad
+// operands); the general one handles every option.
 #pragma once
 
 #include <cstdint>
@@ -277,10 +278,16 @@ __device__ __forceinline__ void rowwise_chunk(const CastMxfp4Args<typename E::St
 }
 
 // Columnwise: the 32 values of one column of one 32-row half of the tile, quantized as one block of x^T.
+// row_signs: the keyed sign bit (0 or 1) of each of the 32 rows, or nullptr for the plain Hadamard.
 template <bool kFlush>
-__device__ __forceinline__ void rotate_column(float (&y)[mxfp4::kBlock], int size, const uint8_t* row_signs) {
+__device__ __forceinline__ void rotate_column(float (&y)[mxfp4::kBlock], int size, const uint32_t* row_signs) {
+  if (row_signs != nullptr) {
 #pragma unroll
-  for (int j = 0; j < mxfp4::kBlock; ++j) y[j] = mxfp4::hadamard_input<kFlush>(y[j], row_signs[j]);
+    for (int j = 0; j < mxfp4::kBlock; ++j) y[j] = mxfp4::hadamard_input<kFlush>(y[j], row_signs[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < mxfp4::kBlock; ++j) y[j] = mxfp4::hadamard_input<kFlush>(y[j], 0u);
+  }
   if (size == 16) {
     mxfp4::hadamard_chunk<16, kFlush>(y);
     mxfp4::hadamard_chunk<16, kFlush>(y + 16);
@@ -291,7 +298,7 @@ __device__ __forceinline__ void rotate_column(float (&y)[mxfp4::kBlock], int siz
 
 template <typename S>
 __device__ __forceinline__ void columnwise_block(const CastMxfp4Args<S>& a, float (&y)[mxfp4::kBlock], int64_t col,
-                                                 int64_t row0, const uint8_t* row_signs,
+                                                 int64_t row0, const uint32_t* row_signs,
                                                  const uint32_t* row_hashes, uint32_t key1_stream,
                                                  uint32_t col_offset) {
   if (a.col.hadamard != 0) {
@@ -361,22 +368,71 @@ __device__ __forceinline__ void columnwise_block_nearest(const CastMxfp4Args<typ
                     packed);
 }
 
+// The portable encoder meets no subnormal float; CUDA's keeps them (see kSubnormalCodes), so on CUDA rotated
+// float32 values go through the subnormal-float encoder too, rounded to odd at bf16 precision first.
+inline constexpr bool kSubnormalFloatCodes = !JA_HIP;
+
+// Columnwise, round to nearest, rotated: column c of the 4-byte words of 32 tile rows (read from shared memory
+// once per column: holding the words as well as the 32 rotated values would cost a third of the occupancy),
+// widened, rotated along the rows (x^T's quantization axis) and encoded.
+template <typename E, int kCols>
+__device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typename E::Storage>& a,
+                                                         const uint32_t* words, int stride, int c, int64_t col,
+                                                         int64_t row0, const uint32_t* row_signs) {
+  float y[mxfp4::kBlock];
+  uint32_t nonzero_min = 0xFFFFFFFFu;
+#pragma unroll
+  for (int j = 0; j < mxfp4::kBlock; ++j) {
+    y[j] = column_value<E, kCols>(words[j * stride], c);
+    nonzero_min = mxfp4::nonzero_min_step(nonzero_min, y[j]);
+  }
+  if (mxfp4::rotation_never_flushes(nonzero_min)) rotate_column<false>(y, a.col.hadamard, row_signs);
+  else rotate_column<true>(y, a.col.hadamard, row_signs);
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < mxfp4::kBlock; ++j) amax = gpu::amax_step(amax, y[j]);
+  const mxfp4::BlockScale s = mxfp4::block_scale(float_as_bits(amax), a.rule);
+  a.col.scales[mxfp4::scale_offset(a.col.layout, col, row0 / mxfp4::kBlock, a.m / mxfp4::kBlock)] = s.byte;
+  gpu::Vec<uint32_t, 4> packed{};
+  if (kSubnormalFloatCodes && mxfp4::subnormal_codes_apply(s)) {
+    const float factor = mxfp4::subnormal_code_factor(s.e);
+#pragma unroll
+    for (int g = 0; g < 4; ++g) packed.v[g] = mxfp4::subnormal_codes_float(&y[8 * g], factor);
+  } else if (s.finite && !s.tiny) {
+#pragma unroll
+    for (int j = 0; j < mxfp4::kBlock; ++j) packed.v[j / 8] |= mxfp4::encode_nearest(y[j], s.inv_scale) << (4 * (j % 8));
+  } else if (s.finite) {
+#pragma unroll
+    for (int j = 0; j < mxfp4::kBlock; ++j)
+      packed.v[j / 8] |= mxfp4::encode<true>(float_as_bits(y[j]), s, false, 0u) << (4 * (j % 8));
+  }
+  gpu::store_vec<4>(reinterpret_cast<uint32_t*>(a.col.data +
+                                                mxfp4::data_offset(a.col.layout, col, row0 / 2, a.m / 2)),
+                    packed);
+}
+
 }  // namespace cast_detail
 
+// kNearest: round to nearest, no rotation. kRotatedColumns: the same, with the columnwise copy rotated (the rowwise
+// copy, if any, is not). kGeneral: stochastic rounding and Hadamard rotations as the arguments say.
+enum class CastPath { kNearest, kRotatedColumns, kGeneral };
+
 // kVectorLoads: x rows are 16-byte aligned (K * sizeof(S) % 16 == 0 and x aligned), so chunks load as one
-// access; otherwise (possible only for a columnwise-only cast) elements load one by one. kGeneral: stochastic
-// rounding and Hadamard rotations are possible (as the arguments say); without it neither is.
-template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, bool kGeneral>
+// access; otherwise (possible only for a columnwise-only cast) elements load one by one.
+template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath>
 __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<typename E::Storage> a) {
   using S = typename E::Storage;
   using namespace cast_detail;
+  constexpr bool kGeneral = kPath == CastPath::kGeneral;
+  constexpr bool kRotatedColumns = kPath == CastPath::kRotatedColumns;
   constexpr int V = gpu::kVec16<S>;
   constexpr int kTileCols = kCastTileCols<S>;
   constexpr int kTileRowsStored = kColumnwise ? kCastTileRows : 1;
   __shared__ Chunk tile[kTileRowsStored][kCastChunksPerRow];
   constexpr int kHashRows = kColumnwise && kGeneral ? kCastTileRows : 1;
+  constexpr int kSignRows = kColumnwise && !(kPath == CastPath::kNearest) ? kCastTileRows : 1;
   __shared__ uint32_t col_row_hash[kHashRows];
-  __shared__ uint8_t col_sign[kHashRows];
+  __shared__ uint32_t col_sign[kSignRows];
 
   const int64_t tiles_k = (a.k + kTileCols - 1) / kTileCols;
   const int64_t m0 = static_cast<int64_t>(blockIdx.x) / tiles_k * kCastTileRows;
@@ -410,14 +466,12 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
     if constexpr (kColumnwise) tile[tile_row][chunk_col] = chunks[i];
   }
 
-  if constexpr (kColumnwise && kGeneral) {
+  if constexpr (kColumnwise && !(kPath == CastPath::kNearest)) {
     if (t < kCastTileRows) {
       const uint32_t logical_row = row_offset + static_cast<uint32_t>(m0 + t);
-      if (a.stochastic) col_row_hash[t] = mxfp4::sr_row(a.sr_key[0], logical_row);
-      col_sign[t] = a.hadamard_signs && a.col.hadamard != 0
-                        ? static_cast<uint8_t>(mxfp4::hadamard_sign_bit(a.hadamard_key[0], a.hadamard_key[1],
-                                                                         logical_row))
-                        : uint8_t{0};
+      if (kGeneral && a.stochastic) col_row_hash[t] = mxfp4::sr_row(a.sr_key[0], logical_row);
+      if (a.hadamard_signs && a.col.hadamard != 0)
+        col_sign[t] = mxfp4::hadamard_sign_bit(a.hadamard_key[0], a.hadamard_key[1], logical_row);
     }
   }
 
@@ -467,7 +521,18 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
     const int half = t / kWordsPerRow;
     const int64_t row0 = m0 + half * mxfp4::kBlock;
     if (row0 >= a.m) return;
-    if constexpr (!kGeneral) {
+    const uint32_t* row_signs = nullptr;
+    if constexpr (kPath != CastPath::kNearest) {
+      if (a.hadamard_signs && a.col.hadamard != 0) row_signs = &col_sign[half * mxfp4::kBlock];
+    }
+    if constexpr (kRotatedColumns) {
+      const uint32_t* words = reinterpret_cast<const uint32_t*>(&tile[half * mxfp4::kBlock][0]) + word;
+#pragma unroll
+      for (int c = 0; c < kColsPerThread; ++c) {
+        const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
+        if (column < a.k) columnwise_block_rotated<E, kColsPerThread>(a, words, kWordsPerRow, c, column, row0, row_signs);
+      }
+    } else if constexpr (!kGeneral) {
       uint32_t words[mxfp4::kBlock];
 #pragma unroll
       for (int j = 0; j < mxfp4::kBlock; ++j)
@@ -490,24 +555,24 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
       for (int c = 0; c < kColsPerThread; ++c) {
         const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
         if (column < a.k)
-          columnwise_block(a, y[c], column, row0, &col_sign[half * mxfp4::kBlock],
-                           &col_row_hash[half * mxfp4::kBlock], key1_stream, col_offset);
+          columnwise_block(a, y[c], column, row0, row_signs, &col_row_hash[half * mxfp4::kBlock], key1_stream,
+                           col_offset);
       }
     }
   }
 }
 
-template <typename E, bool kGeneral>
+template <typename E, CastPath kPath>
 void launch_cast_variant(const CastMxfp4Args<typename E::Storage>& a, unsigned grid, bool row, bool col,
                          bool vector_loads, gpu::Stream stream) {
   if (row && col)
-    cast_mxfp4_kernel<E, true, true, true, kGeneral><<<grid, kCastThreads, 0, stream>>>(a);
+    cast_mxfp4_kernel<E, true, true, true, kPath><<<grid, kCastThreads, 0, stream>>>(a);
   else if (row)
-    cast_mxfp4_kernel<E, true, false, true, kGeneral><<<grid, kCastThreads, 0, stream>>>(a);
+    cast_mxfp4_kernel<E, true, false, true, kPath><<<grid, kCastThreads, 0, stream>>>(a);
   else if (vector_loads)
-    cast_mxfp4_kernel<E, false, true, true, kGeneral><<<grid, kCastThreads, 0, stream>>>(a);
+    cast_mxfp4_kernel<E, false, true, true, kPath><<<grid, kCastThreads, 0, stream>>>(a);
   else
-    cast_mxfp4_kernel<E, false, true, false, kGeneral><<<grid, kCastThreads, 0, stream>>>(a);
+    cast_mxfp4_kernel<E, false, true, false, kPath><<<grid, kCastThreads, 0, stream>>>(a);
 }
 
 // Rowwise needs whole 16-byte chunks (K % 32 == 0 gives that); the caller checks alignment of x.
@@ -521,11 +586,12 @@ gpu::Status launch_cast_mxfp4(const CastMxfp4Args<typename E::Storage>& a, gpu::
   const bool vector_loads = a.k % gpu::kVec16<S> == 0 && gpu::aligned16(a.x);
   const int64_t tiles = (a.m + kCastTileRows - 1) / kCastTileRows * ((a.k + kTileCols - 1) / kTileCols);
   const auto grid = static_cast<unsigned>(tiles);
-  const bool general = a.stochastic || (row && a.row.hadamard != 0) || (col && a.col.hadamard != 0);
-  if (general)
-    launch_cast_variant<E, true>(a, grid, row, col, vector_loads, stream);
+  if (a.stochastic || (row && a.row.hadamard != 0))
+    launch_cast_variant<E, CastPath::kGeneral>(a, grid, row, col, vector_loads, stream);
+  else if (col && a.col.hadamard != 0)
+    launch_cast_variant<E, CastPath::kRotatedColumns>(a, grid, row, col, vector_loads, stream);
   else
-    launch_cast_variant<E, false>(a, grid, row, col, vector_loads, stream);
+    launch_cast_variant<E, CastPath::kNearest>(a, grid, row, col, vector_loads, stream);
   return gpu::last_error();
 }
 

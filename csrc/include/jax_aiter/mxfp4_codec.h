@@ -347,6 +347,26 @@ JA_HOST_DEVICE uint32_t subnormal_codes_bf16_column(const uint32_t* w, int half,
                                        : interleave_signs(even.high_halves, odd.high_halves));
 }
 
+// float32 bits rounded to odd at bf16 precision: the low 16 bits dropped, and the lowest kept bit set when any of
+// them was set (their sum with 0xFFFF carries into bit 16 exactly then). Rounding to odd keeps every value that
+// bf16 holds and moves every other one strictly between its two bf16 neighbours, so a later rounding to nearest on
+// a grid at least 4 times coarser than bf16's (E2M1 codes: at most 2 significant bits, 8 for bf16; for subnormal
+// float32 values the grid steps are 2^-133 and at least 2^-128) sees the same ties and the same sides of them as
+// the float32 value: the code is the same.
+JA_HOST_DEVICE uint32_t odd_rounded_bf16_bits(uint32_t bits) {
+  return (bits | ((bits & 0xFFFFu) + 0xFFFFu)) & 0xFFFF0000u;
+}
+
+// Packed codes of eight float32 values of one block for which subnormal_codes_apply holds (the GPU kernels'
+// rotated values): rounded to odd at bf16 precision, then encoded as bf16 inputs (subnormal_codes_bf16_row).
+JA_HOST_DEVICE uint32_t subnormal_codes_float(const float* y, float factor) {
+  uint32_t w[4];
+  JA_UNROLL
+  for (int i = 0; i < 4; ++i)
+    w[i] = (odd_rounded_bf16_bits(float_as_bits(y[2 * i])) >> 16) | odd_rounded_bf16_bits(float_as_bits(y[2 * i + 1]));
+  return subnormal_codes_bf16_row(w, factor);
+}
+
 // The 8 bf16 magnitudes of one block's scale byte as byte tables for byte_perm (lo/hi: low/high bytes of the
 // magnitudes of codes 0..3 and 4..7), and where sign bits apply: everywhere but in a NaN block, whose every
 // element is the bf16 NaN 0x7FC0 (the reference ignores the sign there).

@@ -1,0 +1,88 @@
+"""Where the GPU time of one training step of the 75 M decoder goes (docs/performance.md, "Training step"): the
+convergence benchmark's step (``jax-aiter bench --only train``) under each policy named, timed with the batches of
+all policies interleaved, then three steps of each under the JAX profiler, with every kernel's GPU time summed by
+name per step. An arm ``name@impl`` compiles the arm with ``rms_norm`` and ``rms_norm_with_add`` forced to ``impl``.
+
+    python benchmarks/train_step_profile.py OUT_DIR [ARM,ARM,...]   (default: bf16,mxfp4-every-block)
+
+Writes OUT_DIR/train_step_profile.json and prints the largest kernels of each arm.
+"""
+
+import contextlib
+import glob
+import json
+import sys
+import tempfile
+from collections import defaultdict
+
+import jax
+import jax.numpy as jnp
+
+import jax_aiter
+from jax_aiter.benchmark import timed_together
+from jax_aiter.examples import convergence, tiny_llama
+
+PROFILED_STEPS = 3
+LISTED_KERNELS = 60
+
+
+def kernel_times(step, args) -> dict:
+    """Per step: GPU time and count of each kernel name, the summed kernel time and the span from the first
+    kernel's start to the last one's end."""
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        for _ in range(PROFILED_STEPS):
+            result = step(*args)
+        jax.block_until_ready(result)
+        jax.profiler.stop_trace()
+        profile = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
+    per_name = defaultdict(lambda: [0, 0])
+    first, last = None, None
+    for plane in profile.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if "Stream" not in line.name:  # the per-stream lines hold the kernels; others are derived views
+                continue
+            for event in line.events:
+                per_name[event.name][0] += 1
+                per_name[event.name][1] += event.duration_ns
+                end = event.start_ns + event.duration_ns
+                first = event.start_ns if first is None else min(first, event.start_ns)
+                last = end if last is None else max(last, end)
+    kernels = sorted(per_name.items(), key=lambda item: -item[1][1])
+    return dict(kernel_ms=sum(t for _, t in per_name.values()) / PROFILED_STEPS / 1e6,
+                span_ms=(last - first) / PROFILED_STEPS / 1e6 if kernels else 0.0,
+                kernels=[dict(name=name, calls=calls / PROFILED_STEPS, us=ns / PROFILED_STEPS / 1e3)
+                         for name, (calls, ns) in kernels])
+
+
+def main(argv):
+    out = argv[0]
+    arms = argv[1].split(",") if len(argv) > 1 else ["bf16", "mxfp4-every-block"]
+    setup = convergence.Setup.for_model("75m")
+    cfg = setup.config
+    params = tiny_llama.init_params(cfg, jax.random.key(0))
+    tokens = jax.random.randint(jax.random.key(1), (cfg.batch, cfg.seq_len + 1), 0, cfg.vocab, jnp.int32)
+    args = (params, tiny_llama.adam_init(params), tokens)
+    steps = {}
+    for name in arms:
+        arm, _, norm = name.partition("@")
+        forced = jax_aiter.use_backend(rms_norm=norm, rms_norm_with_add=norm) if norm else contextlib.nullcontext()
+        with forced:
+            step = convergence.make_step(setup, convergence.ARMS[arm].policy, jax.random.key(2))
+            steps[name] = jax.jit(step).lower(*args).compile()
+    times = timed_together({name: (lambda a, s=s: s(*a)) for name, s in steps.items()}, args, 7, 5)
+    result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "arms": {}}
+    for name, step in steps.items():
+        row = dict(step_ms=times[name] * 1e3, **kernel_times(step, args))
+        result["arms"][name] = row
+        print(f"{name}: step {row['step_ms']:.2f} ms, kernels {row['kernel_ms']:.2f} ms, span {row['span_ms']:.2f} ms")
+        for kernel in row["kernels"][:LISTED_KERNELS]:
+            print(f"  {kernel['us']:9.1f} us {kernel['calls']:6.1f}x  {kernel['name'][:150]}")
+    with open(f"{out}/train_step_profile.json", "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
