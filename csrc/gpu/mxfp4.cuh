@@ -400,7 +400,8 @@ __device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typ
     for (int g = 0; g < 4; ++g) packed.v[g] = mxfp4::subnormal_codes_float(&y[8 * g], factor);
   } else if (s.finite && !s.tiny) {
 #pragma unroll
-    for (int j = 0; j < mxfp4::kBlock; ++j) packed.v[j / 8] |= mxfp4::encode_nearest(y[j], s.inv_scale) << (4 * (j % 8));
+    for (int j = 0; j < mxfp4::kBlock; ++j)
+      packed.v[j / 8] |= mxfp4::encode_nearest(y[j], s.inv_scale) << (4 * (j % 8));
   } else if (s.finite) {
 #pragma unroll
     for (int j = 0; j < mxfp4::kBlock; ++j)
@@ -430,7 +431,7 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
   constexpr int kTileRowsStored = kColumnwise ? kCastTileRows : 1;
   __shared__ Chunk tile[kTileRowsStored][kCastChunksPerRow];
   constexpr int kHashRows = kColumnwise && kGeneral ? kCastTileRows : 1;
-  constexpr int kSignRows = kColumnwise && !(kPath == CastPath::kNearest) ? kCastTileRows : 1;
+  constexpr int kSignRows = kColumnwise && kPath != CastPath::kNearest ? kCastTileRows : 1;
   __shared__ uint32_t col_row_hash[kHashRows];
   __shared__ uint32_t col_sign[kSignRows];
 
@@ -466,7 +467,7 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
     if constexpr (kColumnwise) tile[tile_row][chunk_col] = chunks[i];
   }
 
-  if constexpr (kColumnwise && !(kPath == CastPath::kNearest)) {
+  if constexpr (kColumnwise && kPath != CastPath::kNearest) {
     if (t < kCastTileRows) {
       const uint32_t logical_row = row_offset + static_cast<uint32_t>(m0 + t);
       if (kGeneral && a.stochastic) col_row_hash[t] = mxfp4::sr_row(a.sr_key[0], logical_row);
@@ -530,7 +531,8 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
 #pragma unroll
       for (int c = 0; c < kColsPerThread; ++c) {
         const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
-        if (column < a.k) columnwise_block_rotated<E, kColsPerThread>(a, words, kWordsPerRow, c, column, row0, row_signs);
+        if (column < a.k)
+          columnwise_block_rotated<E, kColsPerThread>(a, words, kWordsPerRow, c, column, row0, row_signs);
       }
     } else if constexpr (!kGeneral) {
       uint32_t words[mxfp4::kBlock];
