@@ -296,18 +296,22 @@ __device__ __forceinline__ void rotate_column(float (&y)[mxfp4::kBlock], int siz
   }
 }
 
+// The rotation of one column block, without the flushes when none of its inputs can meet one
+// (mxfp4::rotation_never_flushes).
+__device__ __forceinline__ void rotate_column_block(float (&y)[mxfp4::kBlock], int size, const uint32_t* row_signs) {
+  uint32_t nonzero_min = 0xFFFFFFFFu;
+#pragma unroll
+  for (int j = 0; j < mxfp4::kBlock; ++j) nonzero_min = mxfp4::nonzero_min_step(nonzero_min, y[j]);
+  if (mxfp4::rotation_never_flushes(nonzero_min)) rotate_column<false>(y, size, row_signs);
+  else rotate_column<true>(y, size, row_signs);
+}
+
 template <typename S>
 __device__ __forceinline__ void columnwise_block(const CastMxfp4Args<S>& a, float (&y)[mxfp4::kBlock], int64_t col,
                                                  int64_t row0, const uint32_t* row_signs,
                                                  const uint32_t* row_hashes, uint32_t key1_stream,
                                                  uint32_t col_offset) {
-  if (a.col.hadamard != 0) {
-    uint32_t nonzero_min = 0xFFFFFFFFu;
-#pragma unroll
-    for (int j = 0; j < mxfp4::kBlock; ++j) nonzero_min = mxfp4::nonzero_min_step(nonzero_min, y[j]);
-    if (mxfp4::rotation_never_flushes(nonzero_min)) rotate_column<false>(y, a.col.hadamard, row_signs);
-    else rotate_column<true>(y, a.col.hadamard, row_signs);
-  }
+  if (a.col.hadamard != 0) rotate_column_block(y, a.col.hadamard, row_signs);
   uint32_t bits[mxfp4::kBlock];
 #pragma unroll
   for (int j = 0; j < mxfp4::kBlock; ++j) bits[j] = float_as_bits(y[j]);
@@ -380,14 +384,9 @@ __device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typ
                                                          const uint32_t* words, int stride, int c, int64_t col,
                                                          int64_t row0, const uint32_t* row_signs) {
   float y[mxfp4::kBlock];
-  uint32_t nonzero_min = 0xFFFFFFFFu;
 #pragma unroll
-  for (int j = 0; j < mxfp4::kBlock; ++j) {
-    y[j] = column_value<E, kCols>(words[j * stride], c);
-    nonzero_min = mxfp4::nonzero_min_step(nonzero_min, y[j]);
-  }
-  if (mxfp4::rotation_never_flushes(nonzero_min)) rotate_column<false>(y, a.col.hadamard, row_signs);
-  else rotate_column<true>(y, a.col.hadamard, row_signs);
+  for (int j = 0; j < mxfp4::kBlock; ++j) y[j] = column_value<E, kCols>(words[j * stride], c);
+  rotate_column_block(y, a.col.hadamard, row_signs);
   float amax = 0.f;
 #pragma unroll
   for (int j = 0; j < mxfp4::kBlock; ++j) amax = gpu::amax_step(amax, y[j]);
