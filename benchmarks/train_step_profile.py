@@ -1,7 +1,7 @@
 """Where the GPU time of one training step of the 75 M decoder goes (docs/performance.md, "Training step"): the
 convergence benchmark's step (``jax-aiter bench --only train``) under each policy named, timed with the batches of
-all policies interleaved, then three steps of each under the JAX profiler, with every kernel's GPU time summed by
-name per step. An arm ``name@impl`` compiles the arm with ``rms_norm`` and ``rms_norm_with_add`` forced to ``impl``.
+all policies interleaved (each after half a second of its own steps), then three steps of each under the JAX
+profiler, with every kernel's GPU time summed by name per step. An arm ``name@impl`` compiles the arm with ``rms_norm`` and ``rms_norm_with_add`` forced to ``impl``.
 
     python benchmarks/train_step_profile.py OUT_DIR [ARM,ARM,...]   (default: bf16,mxfp4-every-block)
 
@@ -13,13 +13,14 @@ import glob
 import json
 import sys
 import tempfile
+import time
 from collections import defaultdict
 
 import jax
 import jax.numpy as jnp
 
 import jax_aiter
-from jax_aiter.benchmark import timed_together
+from jax_aiter.benchmark import STEADY_STATE_S, timed_together
 from jax_aiter.examples import convergence, tiny_llama
 
 PROFILED_STEPS = 3
@@ -28,7 +29,12 @@ LISTED_KERNELS = 60
 
 def kernel_times(step, args) -> dict:
     """Per step: GPU time and count of each kernel name, the summed kernel time and the span from the first
-    kernel's start to the last one's end."""
+    kernel's start to the last one's end. The steps are traced after STEADY_STATE_S seconds of untimed ones, at the
+    clock this program keeps (a GPU at its power limit otherwise runs them at the clock the previous program left,
+    and kernel times of two programs are not comparable; docs/performance.md, "Method")."""
+    settled = time.perf_counter() + STEADY_STATE_S
+    while time.perf_counter() < settled:
+        jax.block_until_ready(step(*args))
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
         for _ in range(PROFILED_STEPS):
@@ -72,7 +78,8 @@ def main(argv):
         with forced:
             step = convergence.make_step(setup, convergence.ARMS[arm].policy, jax.random.key(2))
             steps[name] = jax.jit(step).lower(*args).compile()
-    times = timed_together({name: (lambda a, s=s: s(*a)) for name, s in steps.items()}, args, 7, 5)
+    times = timed_together({name: (lambda a, s=s: s(*a)) for name, s in steps.items()}, args, 7, 5,
+                           settle_s=STEADY_STATE_S)
     result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "arms": {}}
     for name, step in steps.items():
         row = dict(step_ms=times[name] * 1e3, **kernel_times(step, args))

@@ -50,10 +50,15 @@ def _wgrad(_, split, g, a, b):
     # b contributes only its sharding, which is the one the weight gradient is reduced to.
     del b
     tokens = tuple(range(g.ndim - 1))
-    # float32 partial sums: they are reduced over the token shards before the one rounding to a's dtype.
-    partial = lax.dot_general(g.astype(a.dtype), a, ((tokens, tokens), ((), ())),
-                              preferred_element_type=jnp.float32)
-    return (split.reduce_over_tokens(partial, n=0, k=1).astype(a.dtype),)
+    dimension_numbers = ((tokens, tokens), ((), ()))
+    g = g.astype(a.dtype)
+    if split.splits_tokens():
+        # float32 partial sums: they are reduced over the token shards before the one rounding to a's dtype.
+        partial = lax.dot_general(g, a, dimension_numbers, preferred_element_type=jnp.float32)
+        return (split.reduce_over_tokens(partial, n=0, k=1).astype(a.dtype),)
+    # Whole sums on every device: the GEMM rounds them once itself, as dgrad's does, and no float32 weight-sized
+    # result goes through memory (on an H200 that round trip made a Llama-3-8B block's step 10% slower).
+    return (split.reduce_over_tokens(ref.dot_in_dtype(g, a, dimension_numbers, a.dtype), n=0, k=1),)
 
 
 _FPROP = LinearOp(_fprop, operands=("... _", "n k"), results=("... _",))

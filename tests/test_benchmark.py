@@ -1,8 +1,10 @@
 """`jax-aiter bench`: a quick run on this machine writes the JSON and the table; per-platform variants of the
 default selection are reported by `jax_aiter.info()` (docs/performance.md)."""
 
+import itertools
 import json
 
+import jax.numpy as jnp
 import pytest
 
 import jax_aiter
@@ -56,3 +58,15 @@ def test_variants_say_which_direction_runs_where():
     norm = next(i for i in _backend.implementations("rms_norm") if i.name == "native")
     assert norm.fn_for("cuda") is norm.fn and norm.note_for("cuda") is None
     assert "rms_norm" in jax_aiter.info()
+
+
+@pytest.mark.parametrize("settle_s", [0.0, 0.02])
+def test_timed_together_settles_each_program_before_its_batch(settle_s):
+    """Batches interleave program by program; with settle_s each batch follows untimed calls of its own program."""
+    log = []
+    fns = {name: (lambda args, name=name: log.append(name) or jnp.zeros(())) for name in "ab"}
+    times = benchmark.timed_together(fns, None, batches=2, calls=3, settle_s=settle_s)
+    assert set(times) == {"a", "b"} and all(t > 0 for t in times.values())
+    runs = [(name, len(list(calls))) for name, calls in itertools.groupby(log[2:])]  # after one warm-up call each
+    assert [name for name, _ in runs] == ["a", "b", "a", "b"]
+    assert all(count > 3 if settle_s else count == 3 for _, count in runs), runs

@@ -1,3 +1,5 @@
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -44,6 +46,37 @@ def test_gradients_match_float64():
     da, db = vjp(g)
     assert_float32_accumulated(da, "mn,nk->mk", g, b)
     assert_float32_accumulated(db, "mn,mk->nk", g, a)
+
+
+@pytest.mark.gpu
+def test_gpu_gradients_match_float64():
+    """On the GPU, where the gradient GEMMs round their float32 sums into bf16 themselves; the weight gradient
+    sums over 4096 tokens."""
+    gpu = jax.devices("gpu")[0]
+    ka, kb, kg = jax.random.split(jax.random.key(4), 3)
+    a, b, g = (jax.device_put(jax.random.normal(key, shape, jnp.float32).astype(jnp.bfloat16), gpu)
+               for key, shape in ((ka, (4096, 256)), (kb, (128, 256)), (kg, (4096, 128))))
+    da, db = jax.jit(lambda a, b, g: jax.vjp(gemm, a, b)[1](g))(a, b, g)
+    assert da.devices() == {gpu}
+    assert_float32_accumulated(da, "mn,nk->mk", g, b)
+    assert_float32_accumulated(db, "mn,mk->nk", g, a)
+
+
+def test_gpu_programs_take_every_gemm_result_in_bf16():
+    """Lowered for CUDA, the forward and both gradient GEMMs return bf16 (the GEMM rounds its float32 sums once):
+    no float32 result the size of the weight is written and converted. Only partial sums over sharded tokens stay
+    float32 (test_sharding.py)."""
+    a = jax.ShapeDtypeStruct((4096, 256), jnp.bfloat16)
+    b = jax.ShapeDtypeStruct((128, 256), jnp.bfloat16)
+    g = jax.ShapeDtypeStruct((4096, 128), jnp.bfloat16)
+
+    def step(a, b, g):
+        out, vjp = jax.vjp(gemm, a, b)
+        return out, vjp(g)
+
+    text = jax.jit(step).trace(a, b, g).lower(lowering_platforms=("cuda",)).as_text()
+    results = re.findall(r"stablehlo\.dot_general .*-> tensor<([0-9x]+)x(\w+)>", text)
+    assert sorted(results) == [("128x256", "bf16"), ("4096x128", "bf16"), ("4096x256", "bf16")], results
 
 
 def test_vmap():
