@@ -57,7 +57,7 @@ def _wgrad(_, split, g, a, b):
         partial = lax.dot_general(g, a, dimension_numbers, preferred_element_type=jnp.float32)
         return (split.reduce_over_tokens(partial, n=0, k=1).astype(a.dtype),)
     # Whole sums on every device: the GEMM rounds them once itself, as dgrad's does, and no float32 weight-sized
-    # result goes through memory (on an H200 that round trip made a Llama-3-8B block's step 10% slower).
+    # result goes through memory (on an H200 that round trip cost a Llama-3-8B block's step 0.6 ms of GPU time).
     return (split.reduce_over_tokens(ref.dot_in_dtype(g, a, dimension_numbers, a.dtype), n=0, k=1),)
 
 
