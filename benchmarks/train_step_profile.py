@@ -1,7 +1,8 @@
 """Where the GPU time of one training step of the 75 M decoder goes (docs/performance.md, "Training step"): the
 convergence benchmark's step (``jax-aiter bench --only train``) under each policy named, timed with the batches of
-all policies interleaved (each after half a second of its own steps), then three steps of each under the JAX
-profiler, with every kernel's GPU time summed by name per step. An arm ``name@impl`` compiles the arm with ``rms_norm`` and ``rms_norm_with_add`` forced to ``impl``.
+all policies interleaved (each after half a second of its own steps), then half a second of steps of each under
+the JAX profiler, with every kernel's GPU time summed by name per step. An arm ``name@impl`` compiles the arm
+with ``rms_norm`` and ``rms_norm_with_add`` forced to ``impl``.
 
     python benchmarks/train_step_profile.py OUT_DIR [ARM,ARM,...]   (default: bf16,mxfp4-every-block)
 
@@ -29,17 +30,18 @@ LISTED_KERNELS = 60
 
 def kernel_times(step, args) -> dict:
     """Per step: GPU time and count of each kernel name, the summed kernel time and the span from the first
-    kernel's start to the last one's end. The steps are traced after STEADY_STATE_S seconds of untimed ones, at the
-    clock this program keeps (a GPU at its power limit otherwise runs them at the clock the previous program left,
-    and kernel times of two programs are not comparable; docs/performance.md, "Method")."""
-    settled = time.perf_counter() + STEADY_STATE_S
-    while time.perf_counter() < settled:
-        jax.block_until_ready(step(*args))
+    kernel's start to the last one's end, over the steps run in STEADY_STATE_S seconds (at least PROFILED_STEPS).
+    Averaged over that many, they are the times at the clock this program keeps: a GPU at its power limit runs the
+    first steps after a pause, or after another program, at another clock (docs/performance.md, "Method")."""
+    steps = 0
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
-        for _ in range(PROFILED_STEPS):
-            result = step(*args)
-        jax.block_until_ready(result)
+        settled = time.perf_counter() + STEADY_STATE_S
+        while steps < PROFILED_STEPS or time.perf_counter() < settled:
+            for _ in range(PROFILED_STEPS):
+                result = step(*args)
+            jax.block_until_ready(result)
+            steps += PROFILED_STEPS
         jax.profiler.stop_trace()
         profile = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
     per_name = defaultdict(lambda: [0, 0])
@@ -57,10 +59,9 @@ def kernel_times(step, args) -> dict:
                 first = event.start_ns if first is None else min(first, event.start_ns)
                 last = end if last is None else max(last, end)
     kernels = sorted(per_name.items(), key=lambda item: -item[1][1])
-    return dict(kernel_ms=sum(t for _, t in per_name.values()) / PROFILED_STEPS / 1e6,
-                span_ms=(last - first) / PROFILED_STEPS / 1e6 if kernels else 0.0,
-                kernels=[dict(name=name, calls=calls / PROFILED_STEPS, us=ns / PROFILED_STEPS / 1e3)
-                         for name, (calls, ns) in kernels])
+    return dict(steps=steps, kernel_ms=sum(t for _, t in per_name.values()) / steps / 1e6,
+                span_ms=(last - first) / steps / 1e6 if kernels else 0.0,
+                kernels=[dict(name=name, calls=calls / steps, us=ns / steps / 1e3) for name, (calls, ns) in kernels])
 
 
 def main(argv):
