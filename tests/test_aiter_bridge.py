@@ -18,16 +18,20 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jax_aiter
 from aiter_code_objects import write_code_object
 from jax_aiter import _backend, _native
 from jax_aiter.aiter import _support, manifest, validate
+from jax_aiter.aiter import gemm_fp4 as aiter_gemm_fp4
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import gemm_fp4, gemm_fp4_bf16
+from jax_aiter.gemm_fp4._gemm import gemm_fp4_plain_b
 from jax_aiter.mha import flash_attn_func, flash_attn_varlen
 from jax_aiter.mha._contract import AttentionOptions
+from jax_aiter.ref import mxfp4 as mxfp4_ref
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add
 
 REPO = Path(__file__).resolve().parents[1]
@@ -620,6 +624,33 @@ def test_lower_gemm_fp4():
     assert call["target"] == "ja_aiter_gemm_fp4"
     assert call["operands"] == "tensor<40x64xui8>, tensor<64x64xui8>, tensor<256x8xui8>, tensor<256x8xui8>"
     assert call["results"] == "tensor<64x64xbf16>"  # ceil(40/32)*32 rows, sliced to 40 afterwards
+
+
+def test_lower_gemm_fp4_with_a_plain_b_hands_aiter_the_shuffled_b(monkeypatch):
+    """The linear's residual copies reach gemm_fp4_plain_b unshuffled; AITER's kernel gets them shuffled and
+    padded: the same operand shapes as gemm_fp4's, and (the FFI call replaced by one that records its operands,
+    run on the CPU) the bytes of the reference's shuffle."""
+    m, n, k = 40, 64, 128
+    rng = np.random.default_rng(5)
+    a, a_scale = jnp.zeros((m, k // 2), jnp.uint8), jnp.zeros((256, 8), jnp.uint8)
+    b = jnp.asarray(rng.integers(0, 256, (n, k // 2), dtype=np.uint8))
+    b_scale = jnp.asarray(rng.integers(100, 150, (n, k // 32), dtype=np.uint8))
+    (call,) = lower_for_rocm(gemm_fp4_plain_b, a, b, a_scale, b_scale, gemm_fp4="aiter")
+    assert call["target"] == "ja_aiter_gemm_fp4"
+    assert call["operands"] == "tensor<40x64xui8>, tensor<64x64xui8>, tensor<256x8xui8>, tensor<256x8xui8>"
+
+    handed = []
+
+    def recording_call(target, out, **_):
+        def call(*operands):
+            handed.extend(operands)
+            return jnp.zeros(out.shape, out.dtype)
+        return call
+
+    monkeypatch.setattr(jax.ffi, "ffi_call", recording_call)
+    aiter_gemm_fp4.gemm_fp4(a, b, a_scale, b_scale, b_layout="plain")
+    np.testing.assert_array_equal(handed[1], mxfp4_ref.shuffle_fp4(b))
+    np.testing.assert_array_equal(handed[3], mxfp4_ref.shuffle_scales(b_scale))
 
 
 def _attention_calls(fn, *args):

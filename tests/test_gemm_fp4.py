@@ -4,6 +4,7 @@ dequantized operands, gemm_fp4_bf16 and its gradients against the recipe compute
 import dataclasses
 import functools
 import gc
+import re
 
 import jax
 import jax.numpy as jnp
@@ -16,6 +17,7 @@ import jax_aiter
 from jax_aiter import _native
 from jax_aiter.gemm_fp4 import (CHECKPOINT_NAMES, MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor,
                                 WeightWorkspace, cast_mxfp4, gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
+from jax_aiter.gemm_fp4._gemm import gemm_fp4_plain_b
 from jax_aiter.gemm_fp4._linear import role_sr_key
 from jax_aiter.native import mxfp4 as native_mxfp4
 from jax_aiter.ref import mxfp4 as mxfp4_ref
@@ -194,6 +196,50 @@ def test_native_gemm_fp4_is_the_bf16_operand_emulation_bit_for_bit(device, m):
     got = np.asarray(jax.jit(native_mxfp4.gemm_fp4)(*operands)).view(np.uint16)
     want = np.asarray(jax.jit(mxfp4_ref.gemm_fp4_bf16_operands)(*operands)).view(np.uint16)
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("impl", ["native", "xla"])
+def test_plain_b_gives_the_bits_of_the_shuffled_b(device, impl):
+    """gemm_fp4_plain_b (the linear's residual copies as B) equals gemm_fp4 on the same B shuffled, bit for bit,
+    NaN block included; on the CPU the float32 emulation, on GPUs the forced implementation."""
+    if device.platform == "cpu" and impl == "native":
+        pytest.skip("the CPU has no native gemm_fp4: its emulation multiplies in float32")
+    rng = np.random.default_rng(23)
+    a, a_scale = random_mxfp4(rng, 40, 256, 100, 160)
+    b, b_scale = random_mxfp4(rng, 48, 256, 100, 160)
+    b_scale[7, 3] = 255
+    a, a_scale = jax.device_put(jnp.asarray(a), device), jax.device_put(shuffle_scales(jnp.asarray(a_scale)), device)
+    plain = [jax.device_put(jnp.asarray(t), device) for t in (b, b_scale)]
+    shuffled = [jax.device_put(t, device) for t in (shuffle_fp4(jnp.asarray(b)), shuffle_scales(jnp.asarray(b_scale)))]
+    with jax_aiter.use_backend(gemm_fp4=impl):
+        got = jax.jit(gemm_fp4_plain_b)(a, plain[0], a_scale, plain[1])
+        want = jax.jit(gemm_fp4)(a, shuffled[0], a_scale, shuffled[1])
+    assert got.devices() == {device}
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
+    assert np.isnan(np.asarray(got, np.float32)[:, 7]).all()
+
+
+def test_gpu_training_step_dequantizes_the_residual_copies_unshuffled():
+    """Lowered for CUDA, dgrad and wgrad dequantize W's and x's columnwise copies in the plain layout they are
+    kept in; nothing shuffles them for the kernel to unshuffle. The forward's B (W rowwise) is cast shuffled."""
+    x, w = jax.ShapeDtypeStruct((128, 256), jnp.bfloat16), jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
+
+    def step(x, w):
+        y, vjp = jax.vjp(gemm_fp4_bf16, x, w)
+        return y, vjp(y)
+
+    with jax_aiter.use_backend(gemm_fp4="native"):
+        text = jax.jit(step).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    layouts = [re.search(r'layout = "(\w+)"', line).group(1) for line in text.splitlines()
+               if f"custom_call @{native_mxfp4.DEQUANTIZE_TARGET}(" in line]
+    assert sorted(layouts) == ["gemm_a", "gemm_a", "gemm_a", "gemm_b", "plain", "plain"], layouts
+
+
+def test_plain_b_scales_are_checked_by_name():
+    a, b = jnp.zeros((32, 128), jnp.uint8), jnp.zeros((64, 128), jnp.uint8)
+    a_scale = jnp.zeros(mxfp4_ref.padded_scale_shape(32, 8), jnp.uint8)
+    with pytest.raises(ValueError, match=r"b_scale must be the plain scales of \[64, 8\], shape \(64, 8\)"):
+        gemm_fp4_plain_b(a, b, a_scale, jnp.zeros(mxfp4_ref.padded_scale_shape(64, 8), jnp.uint8))
 
 
 def test_native_gemm_fp4_runs_on_gpus_and_the_cpu_keeps_float32():

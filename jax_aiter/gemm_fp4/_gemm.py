@@ -20,7 +20,7 @@ from jax_aiter.aiter import gemm_fp4 as aiter_impl
 from jax_aiter.native import mxfp4 as native_impl
 from jax_aiter.ref import mxfp4 as ref
 
-__all__ = ["gemm_fp4"]
+__all__ = ["gemm_fp4", "gemm_fp4_plain_b"]
 
 
 def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
@@ -30,6 +30,17 @@ def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array)
     ``a_scale`` / ``b_scale``: shuffled, zero-padded uint8 scales of [M, K/32] / [N, K/32]
     (see :func:`shuffle_scales`). These are exactly the "gemm_a" and "gemm_b" layouts of :func:`cast_mxfp4`.
     """
+    return _checked_gemm(a, b, a_scale, b_scale, b_layout="gemm_b")
+
+
+def gemm_fp4_plain_b(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
+    """:func:`gemm_fp4` with B and its scales in the plain layout (row-major, scales unpadded [N, K/32]): the
+    GEMM of ``gemm_fp4_bf16``'s residual copies. Only the AITER implementation shuffles them; the emulations
+    dequantize them as they are, so no program shuffles bytes that the next kernel unshuffles."""
+    return _checked_gemm(a, b, a_scale, b_scale, b_layout="plain")
+
+
+def _checked_gemm(a, b, a_scale, b_scale, *, b_layout: str) -> jax.Array:
     for name, value in (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale)):
         _checks.check_dtype(name, value, (jnp.uint8,))
         _checks.check_rank(name, value, 2)
@@ -43,12 +54,15 @@ def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array)
     if n % 16:
         raise ValueError(f"b: N = {n} rows must be a multiple of 16 for the shuffled layout")
     scale_cols = half_k * 2 // ref.BLOCK
-    for name, value, rows in (("a_scale", a_scale, m), ("b_scale", b_scale, n)):
-        expected = ref.padded_scale_shape(rows, scale_cols)
+    plain = b_layout == "plain"
+    b_scale_shape = (n, scale_cols) if plain else ref.padded_scale_shape(n, scale_cols)
+    for name, value, rows, form, expected in (
+            ("a_scale", a_scale, m, "shuffled", ref.padded_scale_shape(m, scale_cols)),
+            ("b_scale", b_scale, n, "plain" if plain else "shuffled", b_scale_shape)):
         if tuple(value.shape) != expected:
-            raise ValueError(f"{name} must be the shuffled scales of [{rows}, {scale_cols}], shape {expected}, "
+            raise ValueError(f"{name} must be the {form} scales of [{rows}, {scale_cols}], shape {expected}, "
                              f"got {tuple(value.shape)}")
-    return _backend.dispatch("gemm_fp4", a, b, a_scale, b_scale)
+    return _backend.dispatch("gemm_fp4", a, b, a_scale, b_scale, b_layout=b_layout)
 
 
 def _example() -> tuple[tuple, dict]:
@@ -65,5 +79,5 @@ _backend.define_op("gemm_fp4", example=_example, implementations=(
                             targets=(GEMM_FP4,), supports=aiter_impl.supports),
     _backend.Implementation("native", native_impl.gemm_fp4, platforms=("cuda", "rocm"), library=native.LIBRARY,
                             targets=(native_impl.DEQUANTIZE_TARGET,)),
-    _backend.Implementation("xla", jax.jit(ref.gemm_fp4)),
+    _backend.Implementation("xla", jax.jit(ref.gemm_fp4, static_argnames="b_layout")),
 ))

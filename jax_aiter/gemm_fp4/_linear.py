@@ -29,8 +29,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax_aiter import _checks
 from jax_aiter._partition import LinearOp
 from jax_aiter.gemm_fp4 import _quantize
-from jax_aiter.gemm_fp4._gemm import gemm_fp4
-from jax_aiter.gemm_fp4._layout import shuffle_fp4, shuffle_scales
+from jax_aiter.gemm_fp4._gemm import gemm_fp4, gemm_fp4_plain_b
 from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
 from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer
 
@@ -87,16 +86,13 @@ def _cast(t: jax.Array, role: str, recipe: Mxfp4Recipe, key_words: jax.Array, *,
                                      layout_rowwise=rowwise, layout_columnwise=columnwise, **common)
 
 
-def _as_gemm_b(data: jax.Array, scales: jax.Array) -> tuple[jax.Array, jax.Array]:
-    return shuffle_fp4(data), shuffle_scales(scales)
-
-
 def _fprop(static, split, x, w, key_words):
     """y = x . w^T for one device's token rows, and (when differentiating) the columnwise copies of x and w as
     residuals, in the plain layout: those stay split like x and w, so their values do not depend on the split.
 
-    A split weight is quantized shard by shard and its FP4 bytes and scales are gathered, then shuffled for
-    AITER: blocks run along K (and, for the residual, along N) and never straddle a shard."""
+    A split weight is quantized shard by shard and its FP4 bytes and scales are gathered in the plain layout (the
+    AITER implementation shuffles them): blocks run along K (and, for the residual, along N) and never straddle a
+    shard."""
     recipe, keep_residuals = static
     residual = "plain" if keep_residuals else None
     x_row, x_col = _cast(x, "activation", recipe, key_words, rowwise="gemm_a", columnwise=residual,
@@ -105,8 +101,8 @@ def _fprop(static, split, x, w, key_words):
     w_row, w_col = _cast(w, "weight", recipe, key_words, rowwise="plain" if gathered else "gemm_b",
                          columnwise=residual, index_offset=split.index_offset(("n", w.shape[0]), ("k", w.shape[1])))
     if gathered:
-        w_row = _as_gemm_b(*(split.gather(t, n=0, k=1) for t in w_row))
-    y = gemm_fp4(x_row[0], w_row[0], x_row[1], w_row[1])
+        w_row = tuple(split.gather(t, n=0, k=1) for t in w_row)
+    y = (gemm_fp4_plain_b if gathered else gemm_fp4)(x_row[0], w_row[0], x_row[1], w_row[1])
     return (y, *x_col, *w_col) if keep_residuals else (y,)
 
 
@@ -115,10 +111,10 @@ def _backward(recipe, split, g, x_col_data, x_col_scales, w_col_data, w_col_scal
     over this device's tokens, reduced over the token axes to the weight's split."""
     g_row, g_col = _cast(g, "gradient", recipe, key_words, rowwise="gemm_a", columnwise="gemm_a",
                          index_offset=split.index_offset(rows=("m", g.shape[0])))
-    w_col = _as_gemm_b(*(split.gather(t, k=0, n=1) for t in (w_col_data, w_col_scales)))
-    dx = gemm_fp4(g_row[0], w_col[0], g_row[1], w_col[1])
-    x_col = _as_gemm_b(x_col_data, x_col_scales)
-    dw = split.reduce_over_tokens(gemm_fp4(g_col[0], x_col[0], g_col[1], x_col[1]), n=0, k=1)
+    # The residual copies are B operands in the plain layout: the emulations dequantize them as they are.
+    w_col = tuple(split.gather(t, k=0, n=1) for t in (w_col_data, w_col_scales))
+    dx = gemm_fp4_plain_b(g_row[0], w_col[0], g_row[1], w_col[1])
+    dw = split.reduce_over_tokens(gemm_fp4_plain_b(g_col[0], x_col_data, g_col[1], x_col_scales), n=0, k=1)
     return dx, dw
 
 

@@ -12,6 +12,8 @@ rowwise quantization of the transpose.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -358,11 +360,18 @@ def cast_mxfp4_dual(x: jax.Array, sr_key: jax.Array, hadamard_key: jax.Array, in
     return (*row, *col)
 
 
-def _gemm_operands(a, b, a_scale, b_scale, dequantize_fn):
+# Layouts a GEMM's B operand may come in: AITER's shuffled one, or plain (the emulations dequantize either; the
+# AITER implementation shuffles a plain B itself).
+B_LAYOUTS = ("gemm_b", "plain")
+
+
+def _gemm_operands(a, b, a_scale, b_scale, dequantize_fn, b_layout):
     m, half_k = a.shape
     n = b.shape[0]
     scale_cols = half_k * 2 // BLOCK
     a_values = dequantize_fn(a, unshuffle_scales(a_scale, (m, scale_cols)))
+    if b_layout == "plain":
+        return a_values, dequantize_fn(b, b_scale)
     b_values = dequantize_fn(unshuffle_fp4(b), unshuffle_scales(b_scale, (n, scale_cols)))
     return a_values, b_values
 
@@ -370,16 +379,19 @@ def _gemm_operands(a, b, a_scale, b_scale, dequantize_fn):
 NT = (((1,), (1,)), ((), ()))  # contract both operands' last axes: A . B^T
 
 
-def gemm_fp4_float32(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
-    """bf16 out[M, N] = A[M, K] . B[N, K]^T from AITER operands (A plain, B and both scales shuffled):
-    unshuffle, dequantize exactly into float32, multiply in float32 (``Precision.HIGHEST``)."""
-    a_values, b_values = _gemm_operands(a, b, a_scale, b_scale, dequantize)
+def gemm_fp4_float32(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array, *,
+                     b_layout: str = "gemm_b") -> jax.Array:
+    """bf16 out[M, N] = A[M, K] . B[N, K]^T from AITER operands (A plain, B and both scales shuffled; with
+    ``b_layout="plain"`` B and its scales row-major, unpadded): unshuffle, dequantize exactly into float32,
+    multiply in float32 (``Precision.HIGHEST``)."""
+    a_values, b_values = _gemm_operands(a, b, a_scale, b_scale, dequantize, b_layout)
     out = lax.dot_general(a_values, b_values, NT, precision=lax.Precision.HIGHEST,
                           preferred_element_type=jnp.float32)
     return out.astype(jnp.bfloat16)
 
 
-def gemm_fp4_bf16_operands(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
+def gemm_fp4_bf16_operands(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array, *,
+                           b_layout: str = "gemm_b") -> jax.Array:
     """:func:`gemm_fp4_float32` on matrix units: both operands dequantized exactly into bf16
     (:func:`dequantize_bf16`), multiplied with float32 accumulation, rounded once to bf16.
 
@@ -393,15 +405,17 @@ def gemm_fp4_bf16_operands(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_sca
     Where every partial sum is exact (a multiple of the smallest product's unit below 2^24 of it), both give
     the same bits.
     """
-    a_values, b_values = _gemm_operands(a, b, a_scale, b_scale, dequantize_bf16)
+    a_values, b_values = _gemm_operands(a, b, a_scale, b_scale, dequantize_bf16, b_layout)
     # Asked for in bf16 directly: XLA's compute type for a bf16 GEMM is float32 (cuBLAS, hipBLASLt), rounded
     # once in the epilogue; no float32 result round-trips through memory. (XLA's CPU backend computes it in
     # float32 and converts.) tests/test_gemm_fp4.py checks the float32 accumulation bit for bit on each device.
     return lax.dot_general(a_values, b_values, NT, preferred_element_type=jnp.bfloat16)
 
 
-def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array) -> jax.Array:
+def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array, *,
+             b_layout: str = "gemm_b") -> jax.Array:
     """The emulated FP4 GEMM: on the CPU in float32 (:func:`gemm_fp4_float32`), on GPUs on their matrix units
     from exact bf16 operands (:func:`gemm_fp4_bf16_operands`; about 15x faster on an H200, equal up to
     float32 summation order). The choice is made per platform when the program is lowered."""
-    return lax.platform_dependent(a, b, a_scale, b_scale, cpu=gemm_fp4_float32, default=gemm_fp4_bf16_operands)
+    return lax.platform_dependent(a, b, a_scale, b_scale, cpu=functools.partial(gemm_fp4_float32, b_layout=b_layout),
+                                  default=functools.partial(gemm_fp4_bf16_operands, b_layout=b_layout))
