@@ -6,6 +6,7 @@ GPUs (NVIDIA, gfx942) multiplies exact bf16 operands on the matrix units with fl
 gives the same answer on every backend up to float32 summation order (docs/mxfp4.md, "The emulated GEMM").
 ``native`` is the GPU emulation with both operands dequantized by one kernel each (XLA's unshuffle reads
 16-byte runs in transposed order), bit for bit the same; on the CPU the float32 emulation stays.
+``gemm_fp4_plain_b`` is the same op with B in the plain layout, as ``gemm_fp4_bf16`` keeps its residual copies.
 """
 
 from __future__ import annotations

@@ -360,11 +360,6 @@ def cast_mxfp4_dual(x: jax.Array, sr_key: jax.Array, hadamard_key: jax.Array, in
     return (*row, *col)
 
 
-# Layouts a GEMM's B operand may come in: AITER's shuffled one, or plain (the emulations dequantize either; the
-# AITER implementation shuffles a plain B itself).
-B_LAYOUTS = ("gemm_b", "plain")
-
-
 def _gemm_operands(a, b, a_scale, b_scale, dequantize_fn, b_layout):
     m, half_k = a.shape
     n = b.shape[0]
