@@ -580,6 +580,7 @@ def run_block(ctx: Context, matmul_flops: float) -> None:
             compiled[impl] = compile_fn(step, (params, x, dy))
             compiled[impl]((params, x, dy))
         except Exception as err:  # noqa: BLE001
+            compiled.pop(impl, None)
             ctx.add(dict(section="block", name=impl, shape=shape, error=f"{type(err).__name__}: {err}"))
     times = timed_together(compiled, (params, x, dy), ctx.batches, calls=3, settle_s=ctx.settle_s)
     for impl in compiled:
@@ -622,18 +623,22 @@ def run_train(ctx: Context, matmul_flops: float) -> None:
     # 4 * S * dim per token and layer, halved by the mask, three times over for the backward pass.
     token_count = cfg.batch * cfg.seq_len
     flops = token_count * (6 * models.parameter_count(cfg) + 3 * 2 * cfg.seq_len * cfg.dim * cfg.layers)
+    def train_row(name: str, **fields) -> dict:
+        return dict(section="train", name=name, model=model, policy=convergence.ARMS[name].description,
+                    shape=[cfg.batch, cfg.seq_len, cfg.dim, cfg.layers], **fields)
+
     steps = {}
     for name in TRAIN_ARMS:
         try:
             step = compile_fn(convergence.make_step(setup, convergence.ARMS[name].policy, jax.random.key(2)), *args)
             steps[name] = lambda a, step=step: step(*a)
+            steps[name](args)  # a program that fails at run time is reported here, not inside the timing
         except Exception as err:  # noqa: BLE001
-            ctx.add(dict(section="train", name=name, model=model, policy=convergence.ARMS[name].description,
-                         shape=[cfg.batch, cfg.seq_len, cfg.dim, cfg.layers], error=f"{type(err).__name__}: {err}"))
+            steps.pop(name, None)
+            ctx.add(train_row(name, error=f"{type(err).__name__}: {err}"))
     times = timed_together(steps, args, ctx.batches, calls=3, settle_s=ctx.settle_s)
     for name in steps:
-        row = dict(section="train", name=name, model=model, policy=convergence.ARMS[name].description,
-                   shape=[cfg.batch, cfg.seq_len, cfg.dim, cfg.layers])
+        row = train_row(name)
         row.update(time_s=times[name], tokens_per_s=token_count / times[name], tflops=flops / times[name] / 1e12,
                    fraction_of_peak=flops / times[name] / matmul_flops)
         if name != "bf16" and "bf16" in times:
