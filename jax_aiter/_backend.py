@@ -53,6 +53,7 @@ OPS: dict[str, str] = {
     "silu_and_mul": "jax_aiter.activation",
     "gemm": "jax_aiter.gemm",
     "gemm_fp4": "jax_aiter.gemm_fp4",
+    "gemm_bf16_fp4": "jax_aiter.gemm_fp4",
     "gemm_fp8": "jax_aiter.gemm_fp8",
     "cast_mxfp4": "jax_aiter.gemm_fp4",
     "cast_mxfp4_dual": "jax_aiter.gemm_fp4",

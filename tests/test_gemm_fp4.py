@@ -17,7 +17,7 @@ import jax_aiter
 from jax_aiter import _native
 from jax_aiter.gemm_fp4 import (CHECKPOINT_NAMES, MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor,
                                 WeightWorkspace, cast_mxfp4, gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
-from jax_aiter.gemm_fp4._gemm import gemm_fp4_plain_b
+from jax_aiter.gemm_fp4._gemm import gemm_bf16_fp4, gemm_fp4_plain_b
 from jax_aiter.gemm_fp4._linear import role_sr_key
 from jax_aiter.native import mxfp4 as native_mxfp4
 from jax_aiter.ref import mxfp4 as mxfp4_ref
@@ -198,16 +198,23 @@ def test_native_gemm_fp4_is_the_bf16_operand_emulation_bit_for_bit(device, m):
     np.testing.assert_array_equal(got, want)
 
 
+def operands_with_a_nan_block(device, impl, seed, nan_row):
+    """A [40, 256] and B [48, 256] (codes packed, plain scales), B's row nan_row with one 0xFF scale; skips the
+    native implementation on the CPU, which has none (its emulation multiplies in float32)."""
+    if device.platform == "cpu" and impl == "native":
+        pytest.skip("the CPU has no native FP4 GEMM: its emulation multiplies in float32")
+    rng = np.random.default_rng(seed)
+    a, a_scale = random_mxfp4(rng, 40, 256, 100, 160)
+    b, b_scale = random_mxfp4(rng, 48, 256, 100, 160)
+    b_scale[nan_row, nan_row % 8] = 255
+    return a, a_scale, b, b_scale
+
+
 @pytest.mark.parametrize("impl", ["native", "xla"])
 def test_plain_b_gives_the_bits_of_the_shuffled_b(device, impl):
     """gemm_fp4_plain_b (the linear's residual copies as B) equals gemm_fp4 on the same B shuffled, bit for bit,
     NaN block included; on the CPU the float32 emulation, on GPUs the forced implementation."""
-    if device.platform == "cpu" and impl == "native":
-        pytest.skip("the CPU has no native gemm_fp4: its emulation multiplies in float32")
-    rng = np.random.default_rng(23)
-    a, a_scale = random_mxfp4(rng, 40, 256, 100, 160)
-    b, b_scale = random_mxfp4(rng, 48, 256, 100, 160)
-    b_scale[7, 3] = 255
+    a, a_scale, b, b_scale = operands_with_a_nan_block(device, impl, 23, 7)
     a, a_scale = jax.device_put(jnp.asarray(a), device), jax.device_put(shuffle_scales(jnp.asarray(a_scale)), device)
     plain = [jax.device_put(jnp.asarray(t), device) for t in (b, b_scale)]
     shuffled = [jax.device_put(t, device) for t in (shuffle_fp4(jnp.asarray(b)), shuffle_scales(jnp.asarray(b_scale)))]
@@ -219,20 +226,70 @@ def test_plain_b_gives_the_bits_of_the_shuffled_b(device, impl):
     assert np.isnan(np.asarray(got, np.float32)[:, 7]).all()
 
 
-def test_gpu_training_step_dequantizes_the_residual_copies_unshuffled():
-    """Lowered for CUDA, dgrad and wgrad dequantize W's and x's columnwise copies in the plain layout they are
-    kept in; nothing shuffles them for the kernel to unshuffle. The forward's B (W rowwise) is cast shuffled."""
+@pytest.mark.parametrize("impl", ["native", "xla"])
+@pytest.mark.parametrize("b_layout", ["gemm_b", "plain"])
+def test_bf16_a_gives_the_bits_of_the_packed_a(device, impl, b_layout):
+    """gemm_bf16_fp4 with A's exact values equals gemm_fp4 with A packed, bit for bit (the same values, the same
+    dot: on the CPU the float32 emulation, on GPUs the forced implementation), a NaN block of B included; and
+    within the float64 bound of the exact product."""
+    a, a_scale, b, b_scale = operands_with_a_nan_block(device, impl, 29, 5)
+    a_values = jnp.asarray(oracle.dequantize(a, a_scale).astype(jnp.bfloat16))
+    if b_layout == "gemm_b":
+        b_operand, b_scale_operand = shuffle_fp4(jnp.asarray(b)), shuffle_scales(jnp.asarray(b_scale))
+    else:
+        b_operand, b_scale_operand = jnp.asarray(b), jnp.asarray(b_scale)
+    put = functools.partial(jax.device_put, device=device)
+    with jax_aiter.use_backend(gemm_fp4=impl, gemm_bf16_fp4=impl):
+        got = jax.jit(functools.partial(gemm_bf16_fp4, b_layout=b_layout))(
+            put(a_values), put(b_operand), put(b_scale_operand))
+        packed = gemm_fp4 if b_layout == "gemm_b" else gemm_fp4_plain_b
+        want = jax.jit(packed)(put(jnp.asarray(a)), put(b_operand), put(shuffle_scales(jnp.asarray(a_scale))),
+                               put(b_scale_operand))
+    assert got.devices() == {device}
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16), np.asarray(want).view(np.uint16))
+    assert np.isnan(np.asarray(got, np.float32)[:, 5]).all()
+    finite = [c for c in range(48) if c != 5]
+    assert_gemm_close(np.asarray(got, np.float64)[:, finite], oracle.dequantize(a, a_scale),
+                      oracle.dequantize(b, b_scale)[finite])
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: gemm_bf16_fp4(jnp.zeros((32, 64), jnp.float32), jnp.zeros((16, 32), jnp.uint8),
+                           jnp.zeros((256, 8), jnp.uint8)), "a must"),
+    (lambda: gemm_bf16_fp4(jnp.zeros((32, 64), jnp.bfloat16), jnp.zeros((16, 16), jnp.uint8),
+                           jnp.zeros((256, 8), jnp.uint8)), "b must be"),
+    (lambda: gemm_bf16_fp4(jnp.zeros((32, 64), jnp.bfloat16), jnp.zeros((16, 32), jnp.uint8),
+                           jnp.zeros((16, 2), jnp.uint8)), "b_scale must have shape"),
+    (lambda: gemm_bf16_fp4(jnp.zeros((32, 64), jnp.bfloat16), jnp.zeros((16, 32), jnp.uint8),
+                           jnp.zeros((16, 2), jnp.uint8), b_layout="gemm_a"), "b_layout"),
+    (lambda: gemm_bf16_fp4(jnp.zeros((32, 32), jnp.bfloat16), jnp.zeros((16, 16), jnp.uint8),
+                           jnp.zeros((256, 8), jnp.uint8)), "gemm_b"),
+])
+def test_bf16_a_arguments_are_checked_by_name(call, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        call()
+
+
+def test_gpu_training_step_casts_a_operands_to_values_and_dequantizes_only_b():
+    """Lowered for CUDA (where gemm_fp4 emulates): the casts write x's rowwise copy and both copies of g as bf16
+    values, the GEMMs' A operands, so only the B operands are dequantized: W's rowwise copy (shuffled) and the
+    columnwise copies of W and x in the plain layout they are kept in (nothing shuffles them to be unshuffled)."""
     x, w = jax.ShapeDtypeStruct((128, 256), jnp.bfloat16), jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
 
     def step(x, w):
         y, vjp = jax.vjp(gemm_fp4_bf16, x, w)
         return y, vjp(y)
 
-    with jax_aiter.use_backend(gemm_fp4="native"):
+    with jax_aiter.use_backend("native"):
         text = jax.jit(step).trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
-    layouts = [re.search(r'layout = "(\w+)"', line).group(1) for line in text.splitlines()
-               if f"custom_call @{native_mxfp4.DEQUANTIZE_TARGET}(" in line]
-    assert sorted(layouts) == ["gemm_a", "gemm_a", "gemm_a", "gemm_b", "plain", "plain"], layouts
+
+    def attribute(target, name):
+        return sorted(re.search(name + r' = "(\w+)"', line).group(1) for line in text.splitlines()
+                      if f"custom_call @{target}(" in line)
+
+    assert attribute(native_mxfp4.DEQUANTIZE_TARGET, "layout") == ["gemm_b", "plain", "plain"]
+    assert attribute(native_mxfp4.TARGET, "layout_rowwise") == ["gemm_b", "values", "values"]
+    assert attribute(native_mxfp4.TARGET, "layout_columnwise") == ["plain", "plain", "values"]
 
 
 def test_plain_b_scales_are_checked_by_name():

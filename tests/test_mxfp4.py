@@ -575,6 +575,38 @@ def test_dual_cast_options_bit_exact(device, dtype, options):
     assert_same_bytes(native, reference, str(options))
 
 
+# Copies written as their values (layout "values", the A operands of gemm_bf16_fp4): one case per kernel path
+# (round to nearest, rotated columns, the general path with stochastic rounding and rotated rows), every dtype.
+VALUES_CASES = [
+    (jnp.bfloat16, dict()),
+    (jnp.bfloat16, dict(hadamard_columnwise=16)),
+    (jnp.bfloat16, dict(scale_rule="floor", sr_key=7, hadamard_rowwise=16, hadamard_key=3)),
+    (jnp.float16, dict(scale_rule="ceil", hadamard_columnwise=32, hadamard_key=5)),
+    (jnp.float32, dict(sr_key=11)),
+    (jnp.float32, dict(hadamard_columnwise=16)),
+]
+
+
+@pytest.mark.parametrize("dtype, options", VALUES_CASES,
+                         ids=[f"{np.dtype(d).name}-{i}" for i, (d, _) in enumerate(VALUES_CASES)])
+def test_values_layout_writes_the_dequantized_copy(device, dtype, options):
+    """Each copy in layout "values" is bf16 [rows, cols]: the numpy oracle's dequantization of the packed copy
+    the same cast writes in the plain layout, bit for bit, with the same scales; the other copy is unchanged."""
+    x = jax.device_put(tricky_matrix(96, 320, dtype), device)
+    packed = _oracle.native_and_reference(dual_cast, x, **options)
+    for layouts in (("values", "values"), ("values", "plain"), ("gemm_a", "values")):
+        valued = _oracle.native_and_reference(dual_cast, x, **options, layout_rowwise=layouts[0],
+                                              layout_columnwise=layouts[1])
+        for got, plain in zip(valued, packed, strict=True):
+            for copy, layout, (data, scales) in zip(got, layouts, plain, strict=True):
+                if layout != "values":
+                    continue
+                assert copy[0].dtype == jnp.bfloat16 and copy[0].shape == (data.shape[0], 2 * data.shape[1])
+                want = oracle.dequantize(data, scales).astype(ml_dtypes.bfloat16)
+                np.testing.assert_array_equal(copy[0].view(np.uint16), want.view(np.uint16), err_msg=str(layouts))
+                np.testing.assert_array_equal(copy[1], scales)
+
+
 @pytest.mark.parametrize("columnwise, layout, sr_key", [(False, "gemm_b", 5), (True, "plain", 5), (True, "gemm_b", 5),
                                                          (True, "plain", None)])
 def test_single_cast_bit_exact(device, columnwise, layout, sr_key):
@@ -706,6 +738,13 @@ def test_native_cast_errors_raise(device):
     with pytest.raises(jax.errors.JaxRuntimeError, match="rowwise scales must have shape"):
         _oracle.ffi_call_now("ja_cast_mxfp4", (out((4, 32), jnp.uint8), out((4, 3), jnp.uint8), *none), x, words,
                              words, words, **cast)
+    values = {**cast, "layout_rowwise": "values"}
+    with pytest.raises(jax.errors.JaxRuntimeError, match="rowwise data must be bfloat16"):
+        _oracle.ffi_call_now("ja_cast_mxfp4", (out((4, 64), jnp.uint8), out((4, 2), jnp.uint8), *none), x, words,
+                             words, words, **values)
+    with pytest.raises(jax.errors.JaxRuntimeError, match=r"rowwise data must have shape \[rows, cols\]"):
+        _oracle.ffi_call_now("ja_cast_mxfp4", (out((4, 32), jnp.bfloat16), out((4, 2), jnp.uint8), *none), x,
+                             words, words, words, **values)
     # The process is still healthy: a valid call works.
     with use_backend("native"):
         np.testing.assert_array_equal(np.asarray(cast_mxfp4(x)[1]), np.full((4, 2), 125, np.uint8))
@@ -724,14 +763,17 @@ def test_python_rejects_shapes_before_the_cast_kernel():
 
 @pytest.mark.parametrize("impl", ["xla", "native"])
 def test_no_gradient_flows_through_the_integer_cast_on_every_implementation(impl):
-    """The casts return bytes: reverse and forward mode both give zero, whichever implementation runs."""
+    """The casts return bytes (or, in layout "values", rounded values): reverse and forward mode both give zero,
+    whichever implementation runs."""
     if impl == "native" and _native.load("cpu").problem:
         pytest.skip(_native.load("cpu").problem)
     x = jax.random.normal(jax.random.key(0), (32, 64))
     with use_backend(impl):
         grad = jax.grad(lambda x: dequantize_mxfp4(*quantize_mxfp4(x)).sum())(x)
         tangent = jax.jvp(lambda x: dequantize_mxfp4(*cast_mxfp4(x)).sum(), (x,), (x,))[1]
+        values_grad = jax.grad(lambda x: cast_mxfp4(x, layout="values")[0].astype(jnp.float32).sum())(x)
     np.testing.assert_array_equal(np.asarray(grad), 0.0)
+    np.testing.assert_array_equal(np.asarray(values_grad), 0.0)
     assert float(tangent) == 0.0
 
 

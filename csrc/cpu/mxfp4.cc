@@ -80,8 +80,19 @@ void quantize_copy(const Mxfp4CastPlan& plan, const Mxfp4CopyPlan& copy, bool tr
           packed[i / 2] |= static_cast<uint8_t>(code << (4 * (i % 2)));
         }
       }
-      std::memcpy(copy.data + mxfp4::data_offset(copy.layout, r, b * (kBlock / 2), copy.cols / 2), packed,
-                  sizeof(packed));
+      if (copy.values) {
+        const mxfp4::Bf16Table table = mxfp4::bf16_table(scale.byte);
+        uint16_t* dst = reinterpret_cast<uint16_t*>(copy.data) + r * copy.cols + b * kBlock;
+        for (int i = 0; i < 4; ++i) {
+          uint32_t word, values[4];
+          std::memcpy(&word, packed + 4 * i, sizeof(word));
+          mxfp4::dequantize_word_bf16(word, table, values);
+          std::memcpy(dst + 8 * i, values, sizeof(values));
+        }
+      } else {
+        std::memcpy(copy.data + mxfp4::data_offset(copy.layout, r, b * (kBlock / 2), copy.cols / 2), packed,
+                    sizeof(packed));
+      }
     }
   }
 }

@@ -12,7 +12,7 @@ namespace jax_aiter {
 namespace {
 
 kernels::Mxfp4CopyArgs copy_args(const Mxfp4CopyPlan& copy) {
-  return {copy.enabled ? copy.data : nullptr, copy.scales, copy.hadamard, copy.layout};
+  return {copy.enabled ? copy.data : nullptr, copy.scales, copy.hadamard, copy.layout, copy.values};
 }
 
 ffi::Error CastMxfp4(gpu::Stream stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U32> sr_key,
@@ -26,6 +26,10 @@ ffi::Error CastMxfp4(gpu::Stream stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U32>
   const Mxfp4CastPlan& plan = planned.value();
   if (plan.row.enabled && !gpu::aligned16(plan.x))
     return ffi::Error::InvalidArgument("cast_mxfp4: the rowwise copy needs x aligned to 16 bytes");
+  for (const Mxfp4CopyPlan* copy : {&plan.row, &plan.col}) {
+    if (copy->enabled && copy->values && !gpu::aligned16(copy->data))
+      return ffi::Error::InvalidArgument("cast_mxfp4: a copy in layout values needs its data aligned to 16 bytes");
+  }
   // Shuffled scales carry zero padding that no block writes.
   for (const Mxfp4CopyPlan* copy : {&plan.row, &plan.col}) {
     if (copy->enabled && copy->padded) {

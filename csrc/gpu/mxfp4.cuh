@@ -26,10 +26,11 @@
 namespace jax_aiter::kernels {
 
 struct Mxfp4CopyArgs {
-  uint8_t* data;
+  uint8_t* data;  // packed codes, or with `values` the copy's bf16 values [rows, cols]
   uint8_t* scales;
   int hadamard;  // 0, 16 or 32
   mxfp4::Layout layout;
+  bool values;
 };
 
 template <typename S>
@@ -102,12 +103,30 @@ __device__ __forceinline__ uint32_t group_amax(uint32_t amax) {
   return float_as_bits(a);
 }
 
+// A rowwise copy in layout "values": the bf16 values of one lane's V codes (elements col .. col + V - 1 of row).
+template <int V, typename S>
+__device__ __forceinline__ void store_row_values(const CastMxfp4Args<S>& a, int64_t row, int64_t col, uint8_t scale,
+                                                 uint32_t packed) {
+  gpu::Vec<uint32_t, 4> values;
+  mxfp4::dequantize_word_bf16(packed, mxfp4::bf16_table(scale), values.v);
+  uint32_t* out = reinterpret_cast<uint32_t*>(reinterpret_cast<uint16_t*>(a.row.data) + row * a.k + col);
+  if constexpr (V == 8) {
+    gpu::store_global_16(out, values);
+  } else {
+    gpu::store_vec<2>(out, gpu::Vec<uint32_t, 2>{{values.v[0], values.v[1]}});
+  }
+}
+
 // Rowwise output of one lane: its scale byte (first lane of the group) and V/2 packed bytes.
 template <int V, typename S>
 __device__ __forceinline__ void store_rowwise(const CastMxfp4Args<S>& a, int64_t row, int64_t col, int lane,
                                               uint8_t scale, uint32_t packed) {
   if (lane == 0)
     a.row.scales[mxfp4::scale_offset(a.row.layout, row, col / mxfp4::kBlock, a.k / mxfp4::kBlock)] = scale;
+  if (a.row.values) {
+    store_row_values<V>(a, row, col, scale, packed);
+    return;
+  }
   uint8_t* out = a.row.data + mxfp4::data_offset(a.row.layout, row, col / 2, a.k / 2);
   if constexpr (V == 8) {
     *reinterpret_cast<uint32_t*>(out) = packed;
@@ -173,10 +192,11 @@ __device__ __forceinline__ uint32_t chunk_codes_nearest(const Chunk& chunk, cons
   return packed;
 }
 
-// Rowwise, round to nearest, no rotation: straight from the loaded chunk i.
+// Rowwise, round to nearest, no rotation: straight from the loaded chunk i, in row first_row + 8i.
 template <typename E, int V, int i>
 __device__ __forceinline__ void rowwise_chunk_nearest(const CastMxfp4Args<typename E::Storage>& a,
-                                                      const Chunk& chunk, const RowwiseOffsets& o, bool valid) {
+                                                      const Chunk& chunk, const RowwiseOffsets& o, int64_t first_row,
+                                                      int64_t col, bool valid) {
   constexpr int kGroup = mxfp4::kBlock / V;
   float amax = 0.f;
 #pragma unroll
@@ -186,6 +206,10 @@ __device__ __forceinline__ void rowwise_chunk_nearest(const CastMxfp4Args<typena
   if (!valid) return;
   if (static_cast<int>(threadIdx.x) % kGroup == 0)
     a.row.scales[o.scale + (i >> 2) * o.scale_quad + ((i >> 1) & 1) * o.scale_pair + (i & 1) * o.scale_odd] = s.byte;
+  if (a.row.values) {
+    store_row_values<V>(a, first_row + 8 * i, col, s.byte, packed);
+    return;
+  }
   uint8_t* out = a.row.data + o.data + (i >> 1) * o.data_pair + (i & 1) * o.data_odd;
   if constexpr (V == 8) {
     *reinterpret_cast<uint32_t*>(out) = packed;
@@ -200,7 +224,9 @@ __device__ __forceinline__ void rowwise_nearest(const CastMxfp4Args<typename E::
                                                 int64_t col, std::integer_sequence<int, kChunks...>) {
   static_assert(kCastThreads / kCastChunksPerRow == 8 && kCastTileRows % 64 == 0, "offset strides assume this");
   const RowwiseOffsets o = rowwise_offsets(a, first_row, col);
-  (rowwise_chunk_nearest<E, V, kChunks>(a, chunks[kChunks], o, first_row + 8 * kChunks < a.m && col < a.k), ...);
+  (rowwise_chunk_nearest<E, V, kChunks>(a, chunks[kChunks], o, first_row, col,
+                                        first_row + 8 * kChunks < a.m && col < a.k),
+   ...);
 }
 
 // The rotation of one rowwise block across the kGroup lanes that hold it, V values per lane (kFlush: see
@@ -277,6 +303,26 @@ __device__ __forceinline__ void rowwise_chunk(const CastMxfp4Args<typename E::St
   if (valid) store_rowwise<V>(a, row, col, lane, s.byte, packed);
 }
 
+// One block of the columnwise copy (row `col` of x^T, elements row0 .. row0 + 31): its 16 packed bytes, or in
+// layout "values" their 32 bf16 values.
+template <typename S>
+__device__ __forceinline__ void store_column_block(const CastMxfp4Args<S>& a, int64_t col, int64_t row0, uint8_t scale,
+                                                   const gpu::Vec<uint32_t, 4>& packed) {
+  if (a.col.values) {
+    const mxfp4::Bf16Table table = mxfp4::bf16_table(scale);
+    uint32_t* out = reinterpret_cast<uint32_t*>(reinterpret_cast<uint16_t*>(a.col.data) + col * a.m + row0);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      gpu::Vec<uint32_t, 4> values;
+      mxfp4::dequantize_word_bf16(packed.v[w], table, values.v);
+      gpu::store_global_16(out + 4 * w, values);
+    }
+    return;
+  }
+  gpu::store_vec<4>(reinterpret_cast<uint32_t*>(a.col.data + mxfp4::data_offset(a.col.layout, col, row0 / 2, a.m / 2)),
+                    packed);
+}
+
 // Columnwise: the 32 values of one column of one 32-row half of the tile, quantized as one block of x^T.
 // row_signs: the keyed sign bit (0 or 1) of each of the 32 rows, or nullptr for the plain Hadamard.
 template <bool kFlush>
@@ -331,9 +377,7 @@ __device__ __forceinline__ void columnwise_block(const CastMxfp4Args<S>& a, floa
     }
     packed.v[w] = encode_packed(part, s, a.stochastic, draw);
   }
-  gpu::store_vec<4>(reinterpret_cast<uint32_t*>(a.col.data +
-                                                mxfp4::data_offset(a.col.layout, col, row0 / 2, a.m / 2)),
-                    packed);
+  store_column_block(a, col, row0, s.byte, packed);
 }
 
 // Columnwise, round to nearest, no rotation: column c of the 4-byte words of 32 tile rows, widened where
@@ -367,9 +411,7 @@ __device__ __forceinline__ void columnwise_block_nearest(const CastMxfp4Args<typ
       packed.v[j / 8] |= mxfp4::encode<true>(float_as_bits(column_value<E, kCols>(words[j], c)), s, false, 0u)
                          << (4 * (j % 8));
   }
-  gpu::store_vec<4>(reinterpret_cast<uint32_t*>(a.col.data +
-                                                mxfp4::data_offset(a.col.layout, col, row0 / 2, a.m / 2)),
-                    packed);
+  store_column_block(a, col, row0, s.byte, packed);
 }
 
 // The portable encoder meets no subnormal float; CUDA's keeps them (see kSubnormalCodes), so on CUDA rotated
@@ -406,9 +448,7 @@ __device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typ
     for (int j = 0; j < mxfp4::kBlock; ++j)
       packed.v[j / 8] |= mxfp4::encode<true>(float_as_bits(y[j]), s, false, 0u) << (4 * (j % 8));
   }
-  gpu::store_vec<4>(reinterpret_cast<uint32_t*>(a.col.data +
-                                                mxfp4::data_offset(a.col.layout, col, row0 / 2, a.m / 2)),
-                    packed);
+  store_column_block(a, col, row0, s.byte, packed);
 }
 
 }  // namespace cast_detail

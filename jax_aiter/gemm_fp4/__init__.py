@@ -1,11 +1,11 @@
 """MXFP4 (OCP microscaling FP4) quantization, AITER operand layouts and FP4 GEMMs for JAX.
 
-Numerics: docs/mxfp4.md. Functional core (``quantize_mxfp4``, ``cast_mxfp4``, ``gemm_fp4``, ...), object API
-(``Mxfp4Tensor``, ``MXFP4Quantizer``, ``WeightWorkspace``, ``Mxfp4Recipe``) and the training linear layer
-``gemm_fp4_bf16``, whose saved FP4 copies carry the checkpoint names ``CHECKPOINT_NAMES``.
+Numerics: docs/mxfp4.md. Functional core (``quantize_mxfp4``, ``cast_mxfp4``, ``gemm_fp4``, ``gemm_bf16_fp4``,
+...), object API (``Mxfp4Tensor``, ``MXFP4Quantizer``, ``WeightWorkspace``, ``Mxfp4Recipe``) and the training
+linear layer ``gemm_fp4_bf16``, whose saved FP4 copies carry the checkpoint names ``CHECKPOINT_NAMES``.
 """
 
-from jax_aiter.gemm_fp4._gemm import gemm_fp4
+from jax_aiter.gemm_fp4._gemm import gemm_bf16_fp4, gemm_fp4
 from jax_aiter.gemm_fp4._layout import shuffle_fp4, shuffle_scales, unshuffle_fp4, unshuffle_scales
 from jax_aiter.gemm_fp4._linear import ACTIVATION_COPY_NAME, CHECKPOINT_NAMES, WEIGHT_COPY_NAME, gemm_fp4_bf16
 from jax_aiter.gemm_fp4._quantize import cast_mxfp4, cast_mxfp4_dual, dequantize_mxfp4, quantize_mxfp4
@@ -24,6 +24,7 @@ __all__ = [
     "cast_mxfp4",
     "cast_mxfp4_dual",
     "dequantize_mxfp4",
+    "gemm_bf16_fp4",
     "gemm_fp4",
     "gemm_fp4_bf16",
     "quantize_mxfp4",

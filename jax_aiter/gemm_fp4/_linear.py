@@ -2,8 +2,13 @@
 
 Each tensor is cast once: x and W by a dual cast in the forward pass (the columnwise copies are the residuals
 for the backward pass, smaller than the bf16 tensors), g by a dual cast in the backward pass. Without
-differentiation only the rowwise copies of x and W are made. All GEMMs go through the public ``gemm_fp4`` and
-all casts through the public cast ops, so native kernels are picked up by backend dispatch.
+differentiation only the rowwise copies of x and W are made. All GEMMs go through the public ``gemm_fp4`` or
+``gemm_bf16_fp4`` and all casts through the public cast ops, so native kernels are picked up by backend dispatch.
+
+The A operand of each GEMM (x's rowwise copy for fprop, g's two copies for dgrad and wgrad) is cast just before
+its GEMM. On a platform where ``gemm_fp4`` emulates (no FP4 matrix units), the cast writes those copies as their
+exact bf16 values and ``gemm_bf16_fp4`` takes them: the same values and the same dot as ``gemm_fp4``'s emulation,
+without packing A and dequantizing it again; with AITER's FP4 kernels the copies stay packed.
 
 The residuals carry ``jax.ad_checkpoint.checkpoint_name``s (:data:`ACTIVATION_COPY_NAME`,
 :data:`WEIGHT_COPY_NAME`), so a ``jax.checkpoint`` policy can keep them instead of re-running the forward casts in
@@ -29,7 +34,7 @@ from jax.ad_checkpoint import checkpoint_name
 from jax_aiter import _checks
 from jax_aiter._partition import LinearOp
 from jax_aiter.gemm_fp4 import _quantize
-from jax_aiter.gemm_fp4._gemm import gemm_fp4, gemm_fp4_plain_b
+from jax_aiter.gemm_fp4._gemm import emulates_gemm_fp4, gemm_bf16_fp4, gemm_fp4, gemm_fp4_plain_b
 from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
 from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer
 
@@ -86,6 +91,15 @@ def _cast(t: jax.Array, role: str, recipe: Mxfp4Recipe, key_words: jax.Array, *,
                                      layout_rowwise=rowwise, layout_columnwise=columnwise, **common)
 
 
+def _by_platform(values_route: dict[str, bool], packed_fn, values_fn, *args):
+    """``values_fn(*args)`` on the platforms where ``values_route`` says so, ``packed_fn(*args)`` elsewhere."""
+    routes = set(values_route.values())
+    if len(routes) == 1:
+        return (values_fn if routes.pop() else packed_fn)(*args)
+    return jax.lax.platform_dependent(*args, default=values_fn,
+                                      **{p: values_fn if v else packed_fn for p, v in values_route.items()})
+
+
 def _fprop(static, split, x, w, key_words):
     """y = x . w^T for one device's token rows, and (when differentiating) the columnwise copies of x and w as
     residuals, in the plain layout: those stay split like x and w, so their values do not depend on the split.
@@ -95,27 +109,56 @@ def _fprop(static, split, x, w, key_words):
     shard."""
     recipe, keep_residuals = static
     residual = "plain" if keep_residuals else None
-    x_row, x_col = _cast(x, "activation", recipe, key_words, rowwise="gemm_a", columnwise=residual,
-                         index_offset=split.index_offset(rows=("m", x.shape[0])))
     gathered = split.splits("n", "k")
-    w_row, w_col = _cast(w, "weight", recipe, key_words, rowwise="plain" if gathered else "gemm_b",
-                         columnwise=residual, index_offset=split.index_offset(("n", w.shape[0]), ("k", w.shape[1])))
+    b_layout = "plain" if gathered else "gemm_b"
+    w_row, w_col = _cast(w, "weight", recipe, key_words, rowwise=b_layout, columnwise=residual,
+                         index_offset=split.index_offset(("n", w.shape[0]), ("k", w.shape[1])))
     if gathered:
         w_row = tuple(split.gather(t, n=0, k=1) for t in w_row)
-    y = (gemm_fp4_plain_b if gathered else gemm_fp4)(x_row[0], w_row[0], x_row[1], w_row[1])
+
+    def activation_copies(x, key_words, rowwise):
+        return _cast(x, "activation", recipe, key_words, rowwise=rowwise, columnwise=residual,
+                     index_offset=split.index_offset(rows=("m", x.shape[0])))
+
+    def packed(x, key_words, b, b_scale):
+        x_row, x_col = activation_copies(x, key_words, "gemm_a")
+        return (gemm_fp4_plain_b if gathered else gemm_fp4)(x_row[0], b, x_row[1], b_scale), x_col
+
+    def values(x, key_words, b, b_scale):
+        x_row, x_col = activation_copies(x, key_words, "values")
+        return gemm_bf16_fp4(x_row[0], b, b_scale, b_layout=b_layout), x_col
+
+    route = emulates_gemm_fp4(x.shape[0], w_row[0].shape[0], x.shape[1], b_layout)
+    y, x_col = _by_platform(route, packed, values, x, key_words, *w_row)
     return (y, *x_col, *w_col) if keep_residuals else (y,)
 
 
 def _backward(recipe, split, g, x_col_data, x_col_scales, w_col_data, w_col_scales, key_words):
     """dx = g . w for one device's token rows (w^T's copy gathered over the weight's shards), and dw = g^T . x
     over this device's tokens, reduced over the token axes to the weight's split."""
-    g_row, g_col = _cast(g, "gradient", recipe, key_words, rowwise="gemm_a", columnwise="gemm_a",
-                         index_offset=split.index_offset(rows=("m", g.shape[0])))
     # The residual copies are B operands in the plain layout: the emulations dequantize them as they are.
     w_col = tuple(split.gather(t, k=0, n=1) for t in (w_col_data, w_col_scales))
-    dx = gemm_fp4_plain_b(g_row[0], w_col[0], g_row[1], w_col[1])
-    dw = split.reduce_over_tokens(gemm_fp4_plain_b(g_col[0], x_col_data, g_col[1], x_col_scales), n=0, k=1)
-    return dx, dw
+
+    def gradient_copies(g, key_words, layout):
+        return _cast(g, "gradient", recipe, key_words, rowwise=layout, columnwise=layout,
+                     index_offset=split.index_offset(rows=("m", g.shape[0])))
+
+    def packed(g, key_words, w_col_data, w_col_scales, x_col_data, x_col_scales):
+        g_row, g_col = gradient_copies(g, key_words, "gemm_a")
+        return (gemm_fp4_plain_b(g_row[0], w_col_data, g_row[1], w_col_scales),
+                gemm_fp4_plain_b(g_col[0], x_col_data, g_col[1], x_col_scales))
+
+    def values(g, key_words, w_col_data, w_col_scales, x_col_data, x_col_scales):
+        g_row, g_col = gradient_copies(g, key_words, "values")
+        return (gemm_bf16_fp4(g_row[0], w_col_data, w_col_scales, b_layout="plain"),
+                gemm_bf16_fp4(g_col[0], x_col_data, x_col_scales, b_layout="plain"))
+
+    m, n = g.shape
+    k = w_col[0].shape[0]
+    dgrad, wgrad = emulates_gemm_fp4(m, k, n, "plain"), emulates_gemm_fp4(n, k, m, "plain")
+    route = {p: dgrad[p] and wgrad[p] for p in dgrad}
+    dx, dw = _by_platform(route, packed, values, g, key_words, *w_col, x_col_data, x_col_scales)
+    return dx, split.reduce_over_tokens(dw, n=0, k=1)
 
 
 # Per shard, quantization blocks must be whole: 32 elements along K (rowwise copies of W), along N (W's

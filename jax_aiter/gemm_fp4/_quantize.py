@@ -118,7 +118,9 @@ def cast_mxfp4(x: jax.Array, *, columnwise: bool = False, scale_rule: str = "eve
     the rowwise copy of x^T, data [K, M/2], scales [K, M/32]. ``sr_key`` (int seed, typed key or uint32[2])
     switches on stochastic rounding; ``hadamard`` (16 or 32) rotates each chunk of the quantization axis first,
     with keyed random signs when ``hadamard_key`` is given. ``layout``: "plain", "gemm_a" (scales shuffled and
-    zero-padded, AITER's A operand) or "gemm_b" (data and scales shuffled, AITER's B operand).
+    zero-padded, AITER's A operand), "gemm_b" (data and scales shuffled, AITER's B operand) or "values": the
+    copy's exact values as bf16 data [M, K] (or [K, M]), i.e. :func:`dequantize_mxfp4` of its plain bytes, with
+    plain scales, written by the cast itself (the A operand of :func:`gemm_bf16_fp4`).
     ``index_offset`` (uint32[2], default zeros): the global (row, column) of x[0, 0] when x is a tile or shard of
     a larger logical input, so that hashed rounding and signs match the unsplit cast.
     """
@@ -127,7 +129,7 @@ def cast_mxfp4(x: jax.Array, *, columnwise: bool = False, scale_rule: str = "eve
     if not isinstance(columnwise, bool):
         raise TypeError(f"columnwise must be a bool, got {type(columnwise).__name__}")
     check_choice("scale_rule", scale_rule, ref.SCALE_RULES)
-    check_choice("layout", layout, ref.LAYOUTS)
+    check_choice("layout", layout, ref.CAST_LAYOUTS)
     hadamard = check_hadamard("hadamard", hadamard)
     check_quantizable("x", shape, columnwise, layout)
     hadamard_words = _hadamard_words(hadamard_key, (hadamard,))
@@ -152,8 +154,8 @@ def cast_mxfp4_dual(x: jax.Array, *, scale_rule: str = "even", sr_key: Any = Non
     _checks.check_dtype("x", x, INPUT_DTYPES)
     shape = _checks.check_rank("x", x, 2)
     check_choice("scale_rule", scale_rule, ref.SCALE_RULES)
-    check_choice("layout_rowwise", layout_rowwise, ref.LAYOUTS)
-    check_choice("layout_columnwise", layout_columnwise, ref.LAYOUTS)
+    check_choice("layout_rowwise", layout_rowwise, ref.CAST_LAYOUTS)
+    check_choice("layout_columnwise", layout_columnwise, ref.CAST_LAYOUTS)
     hadamard_rowwise = check_hadamard("hadamard_rowwise", hadamard_rowwise)
     hadamard_columnwise = check_hadamard("hadamard_columnwise", hadamard_columnwise)
     check_quantizable("x", shape, False, layout_rowwise)

@@ -24,7 +24,11 @@ _NO_COPY = (jax.ShapeDtypeStruct((0, 0), jnp.uint8), jax.ShapeDtypeStruct((0, 0)
 
 
 def _copy_shapes(rows: int, cols: int, layout: str) -> tuple[jax.ShapeDtypeStruct, jax.ShapeDtypeStruct]:
-    """(data, scales) of the rowwise copy of a [rows, cols] view; shuffled scales are zero-padded."""
+    """(data, scales) of the rowwise copy of a [rows, cols] view; shuffled scales are zero-padded, and a copy in
+    layout "values" has its bf16 values [rows, cols] as data."""
+    if layout == "values":
+        return (jax.ShapeDtypeStruct((rows, cols), jnp.bfloat16),
+                jax.ShapeDtypeStruct((rows, cols // ref.BLOCK), jnp.uint8))
     scales = (rows, cols // ref.BLOCK) if layout == "plain" else ref.padded_scale_shape(rows, cols // ref.BLOCK)
     return jax.ShapeDtypeStruct((rows, cols // 2), jnp.uint8), jax.ShapeDtypeStruct(scales, jnp.uint8)
 
@@ -43,8 +47,8 @@ def _cast_kernel(x, sr_key, hadamard_key, index_offset, *, rowwise: bool, column
 
 
 def _cast(x, sr_key, hadamard_key, index_offset, **params):
-    """The cast with the derivative every implementation has: its outputs are integer bytes, so no gradient
-    flows through it (zero, as JAX gives for the reference), in forward and reverse mode alike."""
+    """The cast with the derivative every implementation has: none flows through it (zero, as JAX gives for the
+    reference, whose rounding is piecewise constant), in forward and reverse mode alike."""
 
     @jax.custom_jvp
     def cast(x, sr_key, hadamard_key, index_offset):
@@ -53,7 +57,8 @@ def _cast(x, sr_key, hadamard_key, index_offset, **params):
     @cast.defjvp
     def _(primals, tangents):
         outputs = cast(*primals)
-        return outputs, tuple(np.zeros(o.shape, jax.dtypes.float0) for o in outputs)
+        return outputs, tuple(np.zeros(o.shape, jax.dtypes.float0) if o.dtype == np.uint8 else jnp.zeros_like(o)
+                              for o in outputs)
 
     return cast(x, sr_key, hadamard_key, index_offset)
 
@@ -89,3 +94,8 @@ def gemm_fp4(a, b, a_scale, b_scale, *, b_layout: str = "gemm_b"):
     a_values = dequantize_bf16(a, a_scale, layout="gemm_a")
     b_values = dequantize_bf16(b, b_scale, layout=b_layout)
     return lax.dot_general(a_values, b_values, ref.NT, preferred_element_type=jnp.bfloat16)
+
+
+def gemm_bf16_fp4(a, b, b_scale, *, b_layout: str = "gemm_b"):
+    """:func:`jax_aiter.ref.mxfp4.gemm_bf16_fp4_bf16_operands` with B dequantized by the kernel: the same bits."""
+    return lax.dot_general(a, dequantize_bf16(b, b_scale, layout=b_layout), ref.NT, preferred_element_type=jnp.bfloat16)

@@ -23,6 +23,9 @@ BLOCK = 32
 SCALE_RULES = ("even", "floor", "ceil")
 HADAMARD_SIZES = (0, 16, 32)
 LAYOUTS = ("plain", "gemm_a", "gemm_b")
+# What a cast can write a copy as: a packed layout, or "values", the copy's exact values in bf16 (the A operand of
+# gemm_bf16_fp4 where the GEMM is emulated, so no FP4 bytes are written only to be dequantized next).
+CAST_LAYOUTS = LAYOUTS + ("values",)
 NAN_SCALE = 0xFF
 # Mixed into the stochastic-rounding hash per copy, so the two copies of one element made by a dual cast round
 # independently (and an all-zero key and index still give a non-zero draw). Fractional bits of sqrt(2), sqrt(3).
@@ -325,9 +328,12 @@ def unshuffle_scales(scales: jax.Array, shape: tuple[int, int]) -> jax.Array:
 
 
 def to_layout(data: jax.Array, scales: jax.Array, layout: str) -> tuple[jax.Array, jax.Array]:
-    """"plain": both row-major; "gemm_a": scales shuffled (AITER's A operand); "gemm_b": both shuffled."""
+    """"plain": both row-major; "gemm_a": scales shuffled (AITER's A operand); "gemm_b": both shuffled;
+    "values": the exact values (:func:`dequantize_bf16`) with row-major scales."""
     if layout == "plain":
         return data, scales
+    if layout == "values":
+        return dequantize_bf16(data, scales), scales
     return (shuffle_fp4(data) if layout == "gemm_b" else data), shuffle_scales(scales)
 
 
@@ -338,7 +344,8 @@ def cast_mxfp4(x: jax.Array, sr_key: jax.Array, hadamard_key: jax.Array, index_o
                columnwise: bool, scale_rule: str, stochastic: bool, hadamard: int, hadamard_signs: bool,
                layout: str) -> tuple[jax.Array, jax.Array]:
     """One MXFP4 copy of a 2-D tensor x [M, K]: rowwise ([M, K/2], [M, K/32]) or columnwise, i.e. the rowwise
-    copy of x^T ([K, M/2], [K, M/32]); scales padded as the layout says. ``index_offset``: where x[0, 0] sits in
+    copy of x^T ([K, M/2], [K, M/32]); scales padded as the layout says, data as bf16 values [M, K] or [K, M]
+    in layout "values". ``index_offset``: where x[0, 0] sits in
     the logical input, for a tile or shard of it."""
     data, scales = quantize_rows(x.T if columnwise else x, scale_rule=scale_rule,
                                  sr_key=sr_key if stochastic else None, transposed=columnwise,
@@ -360,15 +367,17 @@ def cast_mxfp4_dual(x: jax.Array, sr_key: jax.Array, hadamard_key: jax.Array, in
     return (*row, *col)
 
 
+def _b_values(b, b_scale, dequantize_fn, b_layout):
+    if b_layout == "plain":
+        return dequantize_fn(b, b_scale)
+    n, half_k = b.shape
+    return dequantize_fn(unshuffle_fp4(b), unshuffle_scales(b_scale, (n, half_k * 2 // BLOCK)))
+
+
 def _gemm_operands(a, b, a_scale, b_scale, dequantize_fn, b_layout):
     m, half_k = a.shape
-    n = b.shape[0]
-    scale_cols = half_k * 2 // BLOCK
-    a_values = dequantize_fn(a, unshuffle_scales(a_scale, (m, scale_cols)))
-    if b_layout == "plain":
-        return a_values, dequantize_fn(b, b_scale)
-    b_values = dequantize_fn(unshuffle_fp4(b), unshuffle_scales(b_scale, (n, scale_cols)))
-    return a_values, b_values
+    a_values = dequantize_fn(a, unshuffle_scales(a_scale, (m, half_k * 2 // BLOCK)))
+    return a_values, _b_values(b, b_scale, dequantize_fn, b_layout)
 
 
 NT = (((1,), (1,)), ((), ()))  # contract both operands' last axes: A . B^T
@@ -379,7 +388,10 @@ def gemm_fp4_float32(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: ja
     """bf16 out[M, N] = A[M, K] . B[N, K]^T from AITER operands (A plain, B and both scales shuffled; with
     ``b_layout="plain"`` B and its scales row-major, unpadded): unshuffle, dequantize exactly into float32,
     multiply in float32 (``Precision.HIGHEST``)."""
-    a_values, b_values = _gemm_operands(a, b, a_scale, b_scale, dequantize, b_layout)
+    return _dot_float32(*_gemm_operands(a, b, a_scale, b_scale, dequantize, b_layout))
+
+
+def _dot_float32(a_values: jax.Array, b_values: jax.Array) -> jax.Array:
     out = lax.dot_general(a_values, b_values, NT, precision=lax.Precision.HIGHEST,
                           preferred_element_type=jnp.float32)
     return out.astype(jnp.bfloat16)
@@ -414,3 +426,25 @@ def gemm_fp4(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: jax.Array,
     float32 summation order). The choice is made per platform when the program is lowered."""
     return lax.platform_dependent(a, b, a_scale, b_scale, cpu=functools.partial(gemm_fp4_float32, b_layout=b_layout),
                                   default=functools.partial(gemm_fp4_bf16_operands, b_layout=b_layout))
+
+
+# --- bf16 A, MXFP4 B ---------------------------------------------------------------------------------------
+
+
+def gemm_bf16_fp4_float32(a: jax.Array, b: jax.Array, b_scale: jax.Array, *, b_layout: str = "gemm_b") -> jax.Array:
+    """bf16 out[M, N] = A[M, K] . B[N, K]^T with A in bf16 and B an MXFP4 operand (layouts as
+    :func:`gemm_fp4_float32`), in float32 as that: for A the exact values of an MXFP4 copy, the same bits."""
+    return _dot_float32(a.astype(jnp.float32), _b_values(b, b_scale, dequantize, b_layout))
+
+
+def gemm_bf16_fp4_bf16_operands(a: jax.Array, b: jax.Array, b_scale: jax.Array, *,
+                                b_layout: str = "gemm_b") -> jax.Array:
+    """:func:`gemm_bf16_fp4_float32` on matrix units, as :func:`gemm_fp4_bf16_operands` (B dequantized exactly
+    into bf16, float32 accumulation, one rounding): for A the exact values of an MXFP4 copy, the same bits."""
+    return lax.dot_general(a, _b_values(b, b_scale, dequantize_bf16, b_layout), NT, preferred_element_type=jnp.bfloat16)
+
+
+def gemm_bf16_fp4(a: jax.Array, b: jax.Array, b_scale: jax.Array, *, b_layout: str = "gemm_b") -> jax.Array:
+    """The emulated GEMM of a bf16 A and an MXFP4 B, per platform as :func:`gemm_fp4`."""
+    return lax.platform_dependent(a, b, b_scale, cpu=functools.partial(gemm_bf16_fp4_float32, b_layout=b_layout),
+                                  default=functools.partial(gemm_bf16_fp4_bf16_operands, b_layout=b_layout))

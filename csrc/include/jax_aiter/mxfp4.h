@@ -8,6 +8,8 @@
 //           a tensor quantizes exactly as the same elements of the whole tensor.
 // Results:  row_data uint8 [M, K/2], row_scales uint8 [M, K/32] (plain) or the padded shuffled shape,
 //           col_data uint8 [K, M/2], col_scales uint8 [K, M/32] or padded: the rowwise copy of x^T.
+//           A copy in layout "values" has its exact values as data instead, bf16 [M, K] (or [K, M]), the same
+//           as ja_dequantize_mxfp4 of its packed bytes, with plain scales.
 //
 // ja_dequantize_mxfp4 (attribute layout: plain, gemm_a or gemm_b, as the cast writes them):
 // Operands: data uint8 [R, C/2], scales uint8 [R, C/32] (plain) or the padded shuffled shape.
@@ -70,6 +72,7 @@ struct Mxfp4CopyPlan {
   bool enabled = false;
   int hadamard = 0;  // 0, 16 or 32
   mxfp4::Layout layout = mxfp4::Layout::kPlain;
+  bool values = false;  // data is bf16 [rows, cols]: the copy's exact values (layout "values"; plain scales)
   int64_t rows = 0;
   int64_t cols = 0;
   uint8_t* data = nullptr;
@@ -123,28 +126,31 @@ inline ffi::Error plan_copy(const char* which, bool enabled, int32_t hadamard, s
   if (hadamard != 0 && hadamard != 16 && hadamard != 32)
     return invalid("hadamard_" + name + " must be 0, 16 or 32, got " + std::to_string(hadamard));
   copy->hadamard = hadamard;
-  if (!parse_layout(layout_name, &copy->layout))
-    return invalid("layout_" + name + " must be plain, gemm_a or gemm_b, got " + std::string(layout_name));
+  copy->values = layout_name == "values";
+  if (!copy->values && !parse_layout(layout_name, &copy->layout))
+    return invalid("layout_" + name + " must be plain, gemm_a, gemm_b or values, got " + std::string(layout_name));
   if (cols % mxfp4::kBlock != 0)
     return invalid("the " + name + " copy quantizes along an axis of length " + std::to_string(cols) +
                    ", which is not a multiple of 32");
   if (copy->layout == mxfp4::Layout::kGemmB && (rows % 16 != 0 || cols % 64 != 0))
     return invalid("layout gemm_b of the " + name + " copy needs rows % 16 == 0 and a quantization axis % 64 == 0");
-  if (data.element_type() != ffi::DataType::U8 || scales.element_type() != ffi::DataType::U8)
-    return invalid(name + " outputs must be uint8");
+  if (data.element_type() != (copy->values ? ffi::DataType::BF16 : ffi::DataType::U8))
+    return invalid(name + " data must be " + (copy->values ? "bfloat16 (layout values)" : "uint8"));
+  if (scales.element_type() != ffi::DataType::U8) return invalid(name + " scales must be uint8");
   const int64_t scale_cols = cols / mxfp4::kBlock;
   int64_t scale_rows_alloc = rows, scale_cols_alloc = scale_cols;
   if (copy->layout != mxfp4::Layout::kPlain) {
     scale_rows_alloc = mxfp4::padded_scale_rows(rows);
     scale_cols_alloc = mxfp4::padded_scale_cols(scale_cols);
   }
-  if (!has_shape(data, rows, cols / 2)) return invalid(name + " data must have shape [rows, cols/2] of its view");
+  if (!has_shape(data, rows, copy->values ? cols : cols / 2))
+    return invalid(name + " data must have shape [rows, " + (copy->values ? "cols" : "cols/2") + "] of its view");
   if (!has_shape(scales, scale_rows_alloc, scale_cols_alloc))
     return invalid(name + " scales must have shape [" + std::to_string(scale_rows_alloc) + ", " +
                    std::to_string(scale_cols_alloc) + "]");
   copy->rows = rows;
   copy->cols = cols;
-  copy->data = data.typed_data<uint8_t>();
+  copy->data = static_cast<uint8_t*>(data.untyped_data());
   copy->scales = scales.typed_data<uint8_t>();
   copy->scale_bytes = scale_rows_alloc * scale_cols_alloc;
   copy->padded = copy->scale_bytes != rows * scale_cols;
