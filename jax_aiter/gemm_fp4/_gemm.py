@@ -46,6 +46,11 @@ def gemm_fp4_plain_b(a: jax.Array, b: jax.Array, a_scale: jax.Array, b_scale: ja
     return _checked_gemm(a, b, a_scale, b_scale, b_layout="plain")
 
 
+def _b_scale_shape(n: int, k: int, b_layout: str) -> tuple[int, int]:
+    """The scales of an [n, k] B operand: row-major [n, k/32] in the plain layout, else padded and shuffled."""
+    return (n, k // ref.BLOCK) if b_layout == "plain" else ref.padded_scale_shape(n, k // ref.BLOCK)
+
+
 def _checked_gemm(a, b, a_scale, b_scale, *, b_layout: str) -> jax.Array:
     for name, value in (("a", a), ("b", b), ("a_scale", a_scale), ("b_scale", b_scale)):
         _checks.check_dtype(name, value, (jnp.uint8,))
@@ -60,11 +65,10 @@ def _checked_gemm(a, b, a_scale, b_scale, *, b_layout: str) -> jax.Array:
     if n % 16:
         raise ValueError(f"b: N = {n} rows must be a multiple of 16 for the shuffled layout")
     scale_cols = half_k * 2 // ref.BLOCK
-    plain = b_layout == "plain"
-    b_scale_shape = (n, scale_cols) if plain else ref.padded_scale_shape(n, scale_cols)
     for name, value, rows, form, expected in (
             ("a_scale", a_scale, m, "shuffled", ref.padded_scale_shape(m, scale_cols)),
-            ("b_scale", b_scale, n, "plain" if plain else "shuffled", b_scale_shape)):
+            ("b_scale", b_scale, n, "plain" if b_layout == "plain" else "shuffled",
+             _b_scale_shape(n, 2 * half_k, b_layout))):
         if tuple(value.shape) != expected:
             raise ValueError(f"{name} must be the {form} scales of [{rows}, {scale_cols}], shape {expected}, "
                              f"got {tuple(value.shape)}")
@@ -87,8 +91,7 @@ def gemm_bf16_fp4(a: jax.Array, b: jax.Array, b_scale: jax.Array, *, b_layout: s
         raise ValueError(f"b must be [N, K/2] with K = {k} as in a (a multiple of 32), got shape {tuple(b.shape)}")
     if b_layout == "gemm_b" and (n % 16 or k % 64):
         raise ValueError(f"b in layout 'gemm_b' needs N % 16 == 0 and K % 64 == 0, got N = {n}, K = {k}")
-    scale_cols = k // ref.BLOCK
-    expected = (n, scale_cols) if b_layout == "plain" else ref.padded_scale_shape(n, scale_cols)
+    expected = _b_scale_shape(n, k, b_layout)
     if tuple(b_scale.shape) != expected:
         raise ValueError(f"b_scale must have shape {expected} for b in layout {b_layout!r}, got "
                          f"{tuple(b_scale.shape)}")
@@ -98,10 +101,9 @@ def gemm_bf16_fp4(a: jax.Array, b: jax.Array, b_scale: jax.Array, *, b_layout: s
 def emulates_gemm_fp4(m: int, n: int, k: int, b_layout: str) -> dict[str, bool]:
     """Per platform, whether :func:`gemm_fp4` of an [m, k] A and an [n, k] B in ``b_layout`` would take an
     emulation (the ``native`` or ``xla`` implementation) rather than AITER's FP4 kernels."""
-    b_scale = (n, k // ref.BLOCK) if b_layout == "plain" else ref.padded_scale_shape(n, k // ref.BLOCK)
     args = (jax.ShapeDtypeStruct((m, k // 2), jnp.uint8), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
             jax.ShapeDtypeStruct(ref.padded_scale_shape(m, k // ref.BLOCK), jnp.uint8),
-            jax.ShapeDtypeStruct(b_scale, jnp.uint8))
+            jax.ShapeDtypeStruct(_b_scale_shape(n, k, b_layout), jnp.uint8))
     return {platform: _backend.select("gemm_fp4", platform, args, {"b_layout": b_layout}).name != "aiter"
             for platform in _backend.PLATFORMS}
 

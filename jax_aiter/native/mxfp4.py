@@ -91,9 +91,7 @@ def dequantize_bf16(data, scales, *, layout: str):
 def gemm_fp4(a, b, a_scale, b_scale, *, b_layout: str = "gemm_b"):
     """:func:`jax_aiter.ref.mxfp4.gemm_fp4_bf16_operands` with the operands dequantized by the kernel: the same
     bf16 values, then the same dot, so the same bits."""
-    a_values = dequantize_bf16(a, a_scale, layout="gemm_a")
-    b_values = dequantize_bf16(b, b_scale, layout=b_layout)
-    return lax.dot_general(a_values, b_values, ref.NT, preferred_element_type=jnp.bfloat16)
+    return gemm_bf16_fp4(dequantize_bf16(a, a_scale, layout="gemm_a"), b, b_scale, b_layout=b_layout)
 
 
 def gemm_bf16_fp4(a, b, b_scale, *, b_layout: str = "gemm_b"):

@@ -345,8 +345,7 @@ def cast_mxfp4(x: jax.Array, sr_key: jax.Array, hadamard_key: jax.Array, index_o
                layout: str) -> tuple[jax.Array, jax.Array]:
     """One MXFP4 copy of a 2-D tensor x [M, K]: rowwise ([M, K/2], [M, K/32]) or columnwise, i.e. the rowwise
     copy of x^T ([K, M/2], [K, M/32]); scales padded as the layout says, data as bf16 values [M, K] or [K, M]
-    in layout "values". ``index_offset``: where x[0, 0] sits in
-    the logical input, for a tile or shard of it."""
+    in layout "values". ``index_offset``: where x[0, 0] sits in the logical input, for a tile or shard of it."""
     data, scales = quantize_rows(x.T if columnwise else x, scale_rule=scale_rule,
                                  sr_key=sr_key if stochastic else None, transposed=columnwise,
                                  hadamard=hadamard, hadamard_key=hadamard_key if hadamard_signs else None,
