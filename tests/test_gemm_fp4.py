@@ -270,10 +270,11 @@ def test_bf16_a_arguments_are_checked_by_name(call, match):
         call()
 
 
-def test_gpu_training_step_casts_a_operands_to_values_and_dequantizes_only_b():
-    """Lowered for CUDA (where gemm_fp4 emulates): the casts write x's rowwise copy and both copies of g as bf16
-    values, the GEMMs' A operands, so only the B operands are dequantized: W's rowwise copy (shuffled) and the
-    columnwise copies of W and x in the plain layout they are kept in (nothing shuffles them to be unshuffled)."""
+def test_gpu_training_step_casts_rowwise_a_operands_to_values():
+    """Lowered for CUDA (where gemm_fp4 emulates): the casts write the rowwise copies of x and g (fprop's and
+    dgrad's A operands) as bf16 values, so only wgrad's A operand (g's columnwise copy) and the B operands are
+    dequantized: W's rowwise copy (shuffled) and the columnwise copies of W and x in the plain layout they are
+    kept in (nothing shuffles them to be unshuffled)."""
     x, w = jax.ShapeDtypeStruct((128, 256), jnp.bfloat16), jax.ShapeDtypeStruct((64, 256), jnp.bfloat16)
 
     def step(x, w):
@@ -287,9 +288,9 @@ def test_gpu_training_step_casts_a_operands_to_values_and_dequantizes_only_b():
         return sorted(re.search(name + r' = "(\w+)"', line).group(1) for line in text.splitlines()
                       if f"custom_call @{target}(" in line)
 
-    assert attribute(native_mxfp4.DEQUANTIZE_TARGET, "layout") == ["gemm_b", "plain", "plain"]
+    assert attribute(native_mxfp4.DEQUANTIZE_TARGET, "layout") == ["gemm_a", "gemm_b", "plain", "plain"]
     assert attribute(native_mxfp4.TARGET, "layout_rowwise") == ["gemm_b", "values", "values"]
-    assert attribute(native_mxfp4.TARGET, "layout_columnwise") == ["plain", "plain", "values"]
+    assert attribute(native_mxfp4.TARGET, "layout_columnwise") == ["gemm_a", "plain", "plain"]
 
 
 def test_plain_b_scales_are_checked_by_name():

@@ -5,10 +5,12 @@ for the backward pass, smaller than the bf16 tensors), g by a dual cast in the b
 differentiation only the rowwise copies of x and W are made. All GEMMs go through the public ``gemm_fp4`` or
 ``gemm_bf16_fp4`` and all casts through the public cast ops, so native kernels are picked up by backend dispatch.
 
-The A operand of each GEMM (x's rowwise copy for fprop, g's two copies for dgrad and wgrad) is cast just before
-its GEMM. On a platform where ``gemm_fp4`` emulates (no FP4 matrix units), the cast writes those copies as their
-exact bf16 values and ``gemm_bf16_fp4`` takes them: the same values and the same dot as ``gemm_fp4``'s emulation,
-without packing A and dequantizing it again; with AITER's FP4 kernels the copies stay packed.
+The A operands of fprop and dgrad (the rowwise copies of x and g) are cast just before their GEMMs. On a platform
+where ``gemm_fp4`` emulates (no FP4 matrix units), the cast writes those copies as their exact bf16 values and
+``gemm_bf16_fp4`` takes them: the same values and the same dot as ``gemm_fp4``'s emulation, without packing A and
+dequantizing it again; with AITER's FP4 kernels the copies stay packed. wgrad's A operand, g's columnwise copy,
+stays packed everywhere: the cast writes a columnwise copy one column of x per thread, and as values those
+stores scatter (on the H200 they cost the cast more than dequantizing the packed copy costs the GEMM).
 
 The residuals carry ``jax.ad_checkpoint.checkpoint_name``s (:data:`ACTIVATION_COPY_NAME`,
 :data:`WEIGHT_COPY_NAME`), so a ``jax.checkpoint`` policy can keep them instead of re-running the forward casts in
@@ -139,8 +141,8 @@ def _backward(recipe, split, g, x_col_data, x_col_scales, w_col_data, w_col_scal
     # The residual copies are B operands in the plain layout: the emulations dequantize them as they are.
     w_col = tuple(split.gather(t, k=0, n=1) for t in (w_col_data, w_col_scales))
 
-    def gradient_copies(g, key_words, layout):
-        return _cast(g, "gradient", recipe, key_words, rowwise=layout, columnwise=layout,
+    def gradient_copies(g, key_words, rowwise):
+        return _cast(g, "gradient", recipe, key_words, rowwise=rowwise, columnwise="gemm_a",
                      index_offset=split.index_offset(rows=("m", g.shape[0])))
 
     def packed(g, key_words, w_col_data, w_col_scales, x_col_data, x_col_scales):
@@ -151,12 +153,9 @@ def _backward(recipe, split, g, x_col_data, x_col_scales, w_col_data, w_col_scal
     def values(g, key_words, w_col_data, w_col_scales, x_col_data, x_col_scales):
         g_row, g_col = gradient_copies(g, key_words, "values")
         return (gemm_bf16_fp4(g_row[0], w_col_data, w_col_scales, b_layout="plain"),
-                gemm_bf16_fp4(g_col[0], x_col_data, x_col_scales, b_layout="plain"))
+                gemm_fp4_plain_b(g_col[0], x_col_data, g_col[1], x_col_scales))
 
-    m, n = g.shape
-    k = w_col[0].shape[0]
-    dgrad, wgrad = emulates_gemm_fp4(m, k, n, "plain"), emulates_gemm_fp4(n, k, m, "plain")
-    route = {p: dgrad[p] and wgrad[p] for p in dgrad}
+    route = emulates_gemm_fp4(g.shape[0], w_col[0].shape[0], g.shape[1], "plain")
     dx, dw = _by_platform(route, packed, values, g, key_words, *w_col, x_col_data, x_col_scales)
     return dx, split.reduce_over_tokens(dw, n=0, k=1)
 
