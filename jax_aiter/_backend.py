@@ -8,7 +8,8 @@ first implementation, in preference order ``aiter > native > cudnn > xla``, that
   implementation is forced, so a CPU machine can lower and export a program for ROCm), and
 * supports this call (dtype, shape, options), as judged by the implementation's ``supports`` check, and
 * does not reserve this call for when it is forced (its ``forced_only`` check: e.g. AITER's RMSNorm outside
-  float16, whose range is narrower than the op's contract).
+  float16, whose range is narrower than the op's contract; or ``forced_only_on`` for the platform: e.g. the
+  C++ SiLU kernels on the CPU, slower than XLA's code there).
 
 The per-platform choices are combined with :func:`jax.lax.platform_dependent`, so a program traced here lowers
 correctly for any platform. The ``xla`` implementation (pure JAX, ``jax_aiter/ref``) exists for every op and
@@ -83,6 +84,9 @@ class Implementation:
     # Per platform, a variant of ``fn`` and why it is used there: e.g. XLA's own fusions where they measured
     # faster than the kernels (silu_and_mul on CUDA).
     variants: Mapping[str, tuple[Callable[..., Any], str]] = dataclasses.field(default_factory=dict)
+    # Per platform, why the default there is the next implementation (measured faster, e.g. XLA's CPU code against
+    # a single-threaded kernel); forced, this one still runs there, so its tests keep running the kernel.
+    forced_only_on: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         if self.name not in PREFERENCE:
@@ -228,9 +232,11 @@ def _status(impl: Implementation, platform: str, args: tuple, params: Mapping[st
     if problem is not None and not (forced and platform not in present_platforms()):
         return problem
     reason = impl.unsupported_reason(args, params)
-    if reason is None and not forced and impl.forced_only is not None:
-        return impl.forced_only(*args, **params)
-    return reason
+    if reason is not None or forced:
+        return reason
+    if platform in impl.forced_only_on:
+        return impl.forced_only_on[platform]
+    return None if impl.forced_only is None else impl.forced_only(*args, **params)
 
 
 def select(op: str, platform: str, args: tuple, params: Mapping[str, Any]) -> Implementation:

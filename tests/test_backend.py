@@ -39,6 +39,33 @@ def test_preference_order_and_fallback_per_platform():
     assert _backend.select("rms_norm", "cpu", (X, g32), {"epsilon": 1e-6}).name == "xla"
 
 
+def test_an_implementation_forced_only_on_a_platform_runs_there_only_when_forced():
+    """silu_and_mul's and the casts' C++ kernels measured slower than XLA's CPU code: the CPU default is XLA,
+    forcing runs them, and the report names the measurement. Other platforms are unaffected."""
+    import jax_aiter.activation  # noqa: F401
+    import jax_aiter.gemm_fp4  # noqa: F401
+
+    if _native.load("cpu").problem:
+        pytest.skip(_native.load("cpu").problem)
+    x = jax.ShapeDtypeStruct((8, 64), jnp.bfloat16)
+    assert _backend.select("silu_and_mul", "cpu", (x,), {}).name == "xla"
+    with jax_aiter.use_backend(silu_and_mul="native"):
+        assert _backend.select("silu_and_mul", "cpu", (x,), {}).name == "native"
+        text = jax.jit(jax_aiter.activation.silu_and_mul).trace(x).lower(lowering_platforms=("cpu",)).as_text()
+    assert "ja_silu_and_mul" in text
+    assert "ja_silu_and_mul" not in jax.jit(jax_aiter.activation.silu_and_mul).trace(x).lower(
+        lowering_platforms=("cpu",)).as_text()
+    (choice,) = [c for c in _backend.report(("cpu",)) if c.op == "silu_and_mul"]
+    assert choice.selected == "xla"
+    assert dict(choice.rejected)["native"].startswith("XLA's CPU code measured faster")
+    if _native.load("cuda").problem is None:
+        assert _backend.select("silu_and_mul", "cuda", (x,), {}).name == "native"
+    # The MXFP4 casts likewise (byte-exact either way).
+    assert _backend.select("cast_mxfp4", "cpu", (x,), {}).name == "xla"
+    with jax_aiter.use_backend(cast_mxfp4="native"):
+        assert _backend.select("cast_mxfp4", "cpu", (x,), {}).name == "native"
+
+
 def test_use_backend_nests_and_restores():
     assert _backend.forced_implementation("gemm") is None
     with jax_aiter.use_backend("xla"):

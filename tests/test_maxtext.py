@@ -348,6 +348,9 @@ def tiny_runs(tmp_path_factory):
     pytest.importorskip("mlperf_logging")
     base = tmp_path_factory.mktemp("maxtext")
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    # The native casts, forced: the CPU's default is XLA's code (the same bytes), which leaves no mark of its own
+    # in the partitioned program, and the HLO test below checks that the recipe runs our casts.
+    env["JAX_AITER_BACKEND"] = "cast_mxfp4=native,cast_mxfp4_dual=native"
 
     @functools.cache
     def out(mode: str, *closing: str):
@@ -397,7 +400,7 @@ def test_tiny_recipe_trains_under_each_mode(tiny_runs, mode):
 @pytest.mark.slow
 def test_tiny_recipe_compiles_to_our_ops(tiny_runs, mode):
     """The training step XLA ran: every mode's attention is jax_aiter's (the reference's jitted `attention`
-    called on q [B=8, S=64, Hq=4, D=64]); MXFP4 casts run our native cast and FSDP gathers the weights' FP4
+    called on q [B=8, S=64, Hq=4, D=64]); MXFP4 casts run our native cast (forced) and FSDP gathers the weights' FP4
     bytes (u8); FP8 gathers the weights' float8 copies (which XLA's CPU backend widens to f16 for the
     collective); in both, the only float weight gathered is the BF16 LM head / embedding (shapes with the
     vocabulary, 384). BF16 (MaxText's projections) is the control: float gathers of the projection weights."""

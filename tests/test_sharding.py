@@ -17,6 +17,8 @@ from jax.sharding import PartitionSpec as P
 import _devices
 import _oracle
 import mxfp4_oracle as oracle
+import jax_aiter
+from jax_aiter import _native
 from jax_aiter._partition import mesh_axes_of_dims
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, cast_mxfp4, dequantize_mxfp4, gemm_fp4_bf16
@@ -180,10 +182,19 @@ def test_fp4_training_step_sharded_equals_unsharded(layout):
     assert ("all-reduce" in reduced) == bool(token_axes - weight_axes)
 
 
+@pytest.mark.parametrize("cast", ["native", "xla"])
 @pytest.mark.parametrize("layout", ["fsdp", "tokens_on_data_weight_k_on_fsdp"])
-def test_fp4_quantized_copies_are_bit_identical(layout):
+def test_fp4_quantized_copies_are_bit_identical(layout, cast):
     """The forward's outputs, including the columnwise copies of x and W kept for the backward pass, are the
-    same bytes whether each device quantizes its shard (at its global index_offset) or one device quantizes all."""
+    same bytes whether each device quantizes its shard (at its global index_offset) or one device quantizes all,
+    with either cast implementation (the CPU's default is XLA's code; the native kernels run when forced)."""
+    if cast == "native" and _native.load("cpu").problem:
+        pytest.skip(_native.load("cpu").problem)
+    with jax_aiter.use_backend(cast_mxfp4=cast, cast_mxfp4_dual=cast):
+        _check_quantized_copies_are_bit_identical(layout)
+
+
+def _check_quantized_copies_are_bit_identical(layout):
     shape, names, tokens, weight_spec = FP4_LAYOUTS[layout]
     mesh = make_mesh(shape, names)
     a, b, _ = fp4_inputs()
