@@ -1,3 +1,4 @@
+import dataclasses
 import math
 import os
 import subprocess
@@ -28,8 +29,12 @@ def _run_python(code: str, **env) -> subprocess.CompletedProcess:
                           env={**{k: v for k, v in os.environ.items() if k != _backend.ENV_VAR}, **env}, timeout=300)
 
 
-def test_preference_order_and_fallback_per_platform():
+def test_preference_order_and_fallback_per_platform(monkeypatch):
     native_ok = _native.load("cpu").problem is None
+    # rms_norm's CPU kernel is the default where nothing measured it slower (its CPU exception taken away here).
+    spec = _backend._OPS["rms_norm"]
+    unmeasured = tuple(dataclasses.replace(i, forced_only_on={}) for i in spec.implementations)
+    monkeypatch.setitem(_backend._OPS, "rms_norm", dataclasses.replace(spec, implementations=unmeasured))
     assert _backend.select("rms_norm", "cpu", (X, G), {"epsilon": 1e-6}).name == ("native" if native_ok else "xla")
     # No ROCm build here: rocm falls back to the reference, whatever the CPU has.
     if _native.load("hip").problem:
@@ -40,8 +45,8 @@ def test_preference_order_and_fallback_per_platform():
 
 
 def test_an_implementation_forced_only_on_a_platform_runs_there_only_when_forced():
-    """silu_and_mul's and the casts' C++ kernels measured slower than XLA's CPU code: the CPU default is XLA,
-    forcing runs them, and the report names the measurement. Other platforms are unaffected."""
+    """silu_and_mul's, rms_norm's and the casts' C++ kernels measured slower than XLA's CPU code: the CPU default
+    is XLA, forcing runs them, and the report names the measurement. Other platforms are unaffected."""
     import jax_aiter.activation  # noqa: F401
     import jax_aiter.gemm_fp4  # noqa: F401
 
@@ -60,7 +65,12 @@ def test_an_implementation_forced_only_on_a_platform_runs_there_only_when_forced
     assert dict(choice.rejected)["native"].startswith("XLA's CPU code measured faster")
     if _native.load("cuda").problem is None:
         assert _backend.select("silu_and_mul", "cuda", (x,), {}).name == "native"
-    # The MXFP4 casts likewise (byte-exact either way).
+    # The norms and the MXFP4 casts likewise.
+    for op in ("rms_norm", "rms_norm_with_add"):
+        args = (X, G) if op == "rms_norm" else (X, X, G)
+        assert _backend.select(op, "cpu", args, {"epsilon": 1e-6}).name == "xla"
+        with jax_aiter.use_backend(**{op: "native"}):
+            assert _backend.select(op, "cpu", args, {"epsilon": 1e-6}).name == "native"
     assert _backend.select("cast_mxfp4", "cpu", (x,), {}).name == "xla"
     with jax_aiter.use_backend(cast_mxfp4="native"):
         assert _backend.select("cast_mxfp4", "cpu", (x,), {}).name == "native"
@@ -82,7 +92,8 @@ def test_use_backend_is_part_of_the_jit_cache_key():
         pytest.skip("native CPU library not built")
     f = jax.jit(rms_norm)
     x, g = jnp.ones((4, 16)), jnp.ones(16)
-    native_text = f.trace(x, g).lower(lowering_platforms=("cpu",)).as_text()
+    with jax_aiter.use_backend("native"):
+        native_text = f.trace(x, g).lower(lowering_platforms=("cpu",)).as_text()
     with jax_aiter.use_backend("xla"):
         xla_text = f.trace(x, g).lower(lowering_platforms=("cpu",)).as_text()
     assert "ja_rms_norm_fwd" in native_text and "ja_rms_norm_fwd" not in xla_text
@@ -327,13 +338,14 @@ def test_dispatch_combines_platforms_in_one_program():
     if _native.load("cpu").problem:
         pytest.skip("native CPU library not built")
     x, g = jnp.arange(32, dtype=jnp.float32).reshape(2, 16), jnp.ones(16)
-    lowered = jax.jit(rms_norm).trace(x, g).lower(lowering_platforms=("cpu", "cuda", "rocm"))
-    assert "ja_rms_norm_fwd" in lowered.as_text()
-    exported = jax_aiter.export(rms_norm, platforms=("cpu", "rocm"))(x, g)
-    assert "ja_rms_norm_fwd" in exported.mlir_module()
-    exported = jax.export.deserialize(exported.serialize())
-    # The same native kernel on the same inputs: bit for bit.
-    np.testing.assert_array_equal(np.asarray(exported.call(x, g)), np.asarray(rms_norm(x, g)))
+    with jax_aiter.use_backend(rms_norm="native"):
+        lowered = jax.jit(rms_norm).trace(x, g).lower(lowering_platforms=("cpu", "cuda", "rocm"))
+        assert "ja_rms_norm_fwd" in lowered.as_text()
+        exported = jax_aiter.export(rms_norm, platforms=("cpu", "rocm"))(x, g)
+        assert "ja_rms_norm_fwd" in exported.mlir_module()
+        exported = jax.export.deserialize(exported.serialize())
+        # The same native kernel on the same inputs: bit for bit.
+        np.testing.assert_array_equal(np.asarray(exported.call(x, g)), np.asarray(rms_norm(x, g)))
 
 
 def test_use_backend_rejects_a_name_that_is_not_a_string():

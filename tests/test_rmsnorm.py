@@ -113,12 +113,12 @@ def test_vmap_and_mixed_dtype_gamma(impl):
     _oracle.assert_close(rms_norm(x, gamma32), _oracle.rms_norm(x, gamma32, 1e-6), jnp.bfloat16, factor=2)
 
 
-@pytest.mark.usefixtures("automatic_selection")
 def test_native_lowers_to_custom_call():
     if _native.load("cpu").problem:
         pytest.skip("native CPU library not built")
     x, gamma, _, _ = _inputs((4, 16), jnp.float32)
-    text = jax.jit(rms_norm).trace(x, gamma).lower(lowering_platforms=("cpu",)).as_text()
+    with jax_aiter.use_backend(rms_norm="native"):
+        text = jax.jit(rms_norm).trace(x, gamma).lower(lowering_platforms=("cpu",)).as_text()
     assert "ja_rms_norm_fwd" in text
     with jax_aiter.use_backend("xla"):
         assert "ja_rms_norm_fwd" not in jax.jit(rms_norm).trace(x, gamma).lower(lowering_platforms=("cpu",)).as_text()
