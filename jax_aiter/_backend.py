@@ -9,7 +9,7 @@ first implementation, in preference order ``aiter > native > cudnn > xla``, that
 * supports this call (dtype, shape, options), as judged by the implementation's ``supports`` check, and
 * does not reserve this call for when it is forced (its ``forced_only`` check: e.g. AITER's RMSNorm outside
   float16, whose range is narrower than the op's contract; or ``forced_only_on`` for the platform: e.g. the
-  C++ SiLU kernels on the CPU, slower than XLA's code there).
+  C++ kernels on the CPU, slower than XLA's code there).
 
 The per-platform choices are combined with :func:`jax.lax.platform_dependent`, so a program traced here lowers
 correctly for any platform. The ``xla`` implementation (pure JAX, ``jax_aiter/ref``) exists for every op and

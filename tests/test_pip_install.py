@@ -410,7 +410,7 @@ def _installed_outside_the_tree() -> bool:
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
-def test_demo_from_the_repository_root_uses_the_installed_native_library():
+def test_demo_from_the_repository_root_loads_the_installed_native_library():
     if not _installed_outside_the_tree():
         pytest.skip("jax-aiter is not installed for this interpreter (scripts/plain.sh demo installs it)")
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_AITER_LIB_DIR", "JAX_AITER_BACKEND", "PYTHONPATH")}
