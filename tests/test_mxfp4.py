@@ -55,8 +55,8 @@ def test_every_finite_bf16_pattern_under_several_scales(rule):
     assert_matches_oracle(np.concatenate(blocks), rule)
 
 
-def _encoder_codes(tmp_path, host_cxx, *args):
-    """Codes written by tests/fixtures/mxfp4/subnormal_codes.cc (built for the host) with ``args``: one per nibble."""
+def _fixture_output(tmp_path, host_cxx, *args):
+    """What tests/fixtures/mxfp4/subnormal_codes.cc (built for the host) writes with ``args``, as bytes."""
     import subprocess
     from pathlib import Path
 
@@ -64,7 +64,12 @@ def _encoder_codes(tmp_path, host_cxx, *args):
     exe = tmp_path / "subnormal_codes"
     subprocess.run([host_cxx, "-std=c++17", "-O2", "-Wall", "-Wextra", "-Werror", f"-I{repo / 'csrc/include'}",
                     str(repo / "tests/fixtures/mxfp4/subnormal_codes.cc"), "-o", str(exe)], check=True)
-    raw = np.frombuffer(subprocess.run([str(exe), *args], capture_output=True, check=True).stdout, np.uint8)
+    return subprocess.run([str(exe), *args], capture_output=True, check=True).stdout
+
+
+def _encoder_codes(tmp_path, host_cxx, *args):
+    """Codes the fixture writes with ``args``: one per nibble."""
+    raw = np.frombuffer(_fixture_output(tmp_path, host_cxx, *args), np.uint8)
     return np.stack([raw & 15, raw >> 4], axis=-1).reshape(-1)
 
 
@@ -116,6 +121,19 @@ def test_cuda_float_encoder_rounds_float32_values_once(tmp_path, host_cxx):
         np.testing.assert_array_equal(got[inside], want, err_msg=f"e={e}")
         checked += inside.sum()
     assert checked > 24_000_000
+
+
+def test_stochastic_rounding_fixed_point_from_bits(tmp_path, host_cxx):
+    """Stochastic rounding's z = floor(v * 2^28), which the codec takes from v's bits with integer shifts instead of
+    a float-to-integer conversion (mxfp4::fixed_point_28), against float64 on every non-negative float32 v below 8
+    whose high half is a bf16 pattern, with each low half of the encoder fixture: normals of every binade, subnormals
+    and zero (z = 0 below 2^-28) and the values just around each integer z."""
+    got = np.frombuffer(_fixture_output(tmp_path, host_cxx, "fixed_point"), "<u4")
+    lows = np.array(FLOAT_ENCODER_LOW_HALVES, np.uint32)
+    bits = ((np.arange(0x4100, dtype=np.uint32)[:, None] << 16) | lows[None, :]).reshape(-1)
+    want = np.floor(bits.view(np.float32).astype(np.float64) * 2.0 ** 28)
+    assert got.shape == want.shape and want.max() >= 2 ** 30
+    np.testing.assert_array_equal(got.astype(np.float64), want)
 
 
 def test_nonfinite_bf16_patterns_poison_only_their_block():
@@ -566,6 +584,13 @@ OPTION_CASES = [
                         index_offset=(64, 32))),
     (jnp.float16, dict(scale_rule="ceil", hadamard_columnwise=16, hadamard_key=5)),
     (jnp.float32, dict(hadamard_columnwise=32, layout_rowwise="gemm_b")),
+    # Stochastic rounding without rotated rows (the GPU's plain and rotated-columns kernels in their stochastic
+    # form; the recipes with stochastic gradients): every dtype, both kernels.
+    (jnp.bfloat16, dict(sr_key=5, layout_rowwise="gemm_a", layout_columnwise="gemm_b", index_offset=(64, 32))),
+    (jnp.bfloat16, dict(scale_rule="floor", sr_key=2 ** 40 + 3, hadamard_columnwise=16, hadamard_key=6,
+                        layout_rowwise="gemm_a", layout_columnwise="gemm_a")),
+    (jnp.float16, dict(scale_rule="ceil", sr_key=9, index_offset=(0, 32))),
+    (jnp.float32, dict(sr_key=13, hadamard_columnwise=16)),
 ]
 
 
@@ -584,7 +609,7 @@ def test_dual_cast_options_bit_exact(device, dtype, options):
 
 
 # Copies written as their values (layout "values", the A operands of gemm_bf16_fp4): one case per kernel path
-# (round to nearest, rotated columns, the general path with stochastic rounding and rotated rows), every dtype.
+# (round to nearest and stochastic, rotated columns, the general path with rotated rows), every dtype.
 VALUES_CASES = [
     (jnp.bfloat16, dict()),
     (jnp.bfloat16, dict(hadamard_columnwise=16)),
@@ -592,6 +617,7 @@ VALUES_CASES = [
     (jnp.float16, dict(scale_rule="ceil", hadamard_columnwise=32, hadamard_key=5)),
     (jnp.float32, dict(sr_key=11)),
     (jnp.float32, dict(hadamard_columnwise=16)),
+    (jnp.bfloat16, dict(sr_key=4, hadamard_columnwise=16)),
 ]
 
 
@@ -615,11 +641,13 @@ def test_values_layout_writes_the_dequantized_copy(device, dtype, options):
                 np.testing.assert_array_equal(copy[1], scales)
 
 
-@pytest.mark.parametrize("columnwise, layout, sr_key", [(False, "gemm_b", 5), (True, "plain", 5), (True, "gemm_b", 5),
-                                                         (True, "plain", None)])
-def test_single_cast_bit_exact(device, columnwise, layout, sr_key):
+@pytest.mark.parametrize("columnwise, layout, sr_key, hadamard", [
+    (False, "gemm_b", 5, 16), (True, "plain", 5, 16), (True, "gemm_b", 5, 16), (True, "plain", None, 16),
+    (False, "gemm_a", 5, 0), (True, "plain", 5, 0)])
+def test_single_cast_bit_exact(device, columnwise, layout, sr_key, hadamard):
     x = jax.device_put(tricky_matrix(128, 192, jnp.bfloat16, seed=1), device)
-    options = dict(columnwise=columnwise, layout=layout, sr_key=sr_key, hadamard=16, hadamard_key=2)
+    options = dict(columnwise=columnwise, layout=layout, sr_key=sr_key, hadamard=hadamard,
+                   hadamard_key=2 if hadamard else None)
     assert_same_bytes(*_oracle.native_and_reference(cast_mxfp4, x, **options), str(options))
 
 
@@ -668,9 +696,11 @@ def every_finite_pattern(dtype):
 
 @pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float16])
 @pytest.mark.parametrize("rule", ["even", "floor", "ceil"])
-def test_every_finite_16bit_pattern(device, dtype, rule):
+@pytest.mark.parametrize("sr_key", [None, 3])
+def test_every_finite_16bit_pattern(device, dtype, rule, sr_key):
     x = jax.device_put(jnp.asarray(every_finite_pattern(dtype)), device)
-    assert_same_bytes(*_oracle.native_and_reference(dual_cast, x, scale_rule=rule), f"{np.dtype(dtype).name} {rule}")
+    assert_same_bytes(*_oracle.native_and_reference(dual_cast, x, scale_rule=rule, sr_key=sr_key),
+                      f"{np.dtype(dtype).name} {rule} sr_key={sr_key}")
 
 
 @pytest.mark.parametrize("size", [16, 32])

@@ -178,8 +178,19 @@ JA_HOST_DEVICE uint32_t round_nearest(float v) {
 
 // Stochastic rounding as the reference: z = floor(v * 2^28); adding a draw below one grid step and truncating
 // rounds up with probability equal to the distance past the lower neighbour.
+// z comes from v's bits in integer operations, not from a float-to-integer conversion, which GPUs issue at an
+// eighth of the rate of other arithmetic: for a normal v = M * 2^(E - 150) (M the 24-bit significand, E the
+// exponent field), z = M * 2^(E - 122), i.e. (M << 7) >> (129 - E), as v < 8 makes E <= 129; M << 7 < 2^31,
+// so a shift of 31 gives 0, which is z for every v below 2^-28, subnormals and zero included.
+JA_HOST_DEVICE uint32_t fixed_point_28(float v) {
+  const uint32_t bits = float_as_bits(v);
+  const uint32_t shifted_significand = ((bits << 7) & 0x3FFFFF80u) | 0x40000000u;
+  const int right = 129 - static_cast<int>(bits >> 23);
+  return shifted_significand >> (right < 31 ? right : 31);
+}
+
 JA_HOST_DEVICE uint32_t round_stochastic(float v, uint32_t draw) {
-  const uint32_t z = static_cast<uint32_t>(v * 268435456.f);
+  const uint32_t z = fixed_point_28(v);
   const uint32_t region = (z >= (1u << 29) ? 1u : 0u) + (z >= (1u << 30) ? 1u : 0u);
   const uint32_t step = (z + (draw >> (5 - region))) >> (27 + region);
   const uint32_t code = step + 2 * region;
