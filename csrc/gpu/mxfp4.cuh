@@ -9,10 +9,11 @@
 // * Columnwise copy, through shared memory: each thread takes one 32-row half of the tile and one 4-byte
 //   column of it (two 16-bit columns or one fp32 column), quantizes each column's 32 values in registers and
 //   writes 16 bytes per column; the two halves of a column make one 32-byte sector.
-// Three variants of each kernel (CastPath): the common one (round to nearest, no Hadamard) keeps its inputs
-// packed and carries no stochastic-rounding or rotation code, so it stays within fewer registers and instructions
-// per element; the rotated-columns one is the same with the columnwise copy rotated (the default recipe's wgrad
-// operands); the general one handles every option.
+// Three variants of each kernel (CastPath): the plain one (no Hadamard) keeps its inputs packed and carries no
+// rotation code, so it stays within fewer registers and instructions per element; the rotated-columns one is the
+// same with the columnwise copy rotated (the default recipe's wgrad operands); the general one handles every
+// option (a rotated rowwise copy). The first two come in two roundings, to nearest and stochastic (a compile-time
+// choice, so that the common nearest kernels carry no hashing).
 #pragma once
 
 #include <cstdint>
@@ -192,17 +193,47 @@ __device__ __forceinline__ uint32_t chunk_codes_nearest(const Chunk& chunk, cons
   return packed;
 }
 
-// Rowwise, round to nearest, no rotation: straight from the loaded chunk i, in row first_row + 8i.
-template <typename E, int V, int i>
-__device__ __forceinline__ void rowwise_chunk_nearest(const CastMxfp4Args<typename E::Storage>& a,
-                                                      const Chunk& chunk, const RowwiseOffsets& o, int64_t first_row,
-                                                      int64_t col, bool valid) {
+// Where the draws of stochastic rounding come from (docs/mxfp4.md): the element (row, col) of the logical input
+// draws sr_finish(sr_row(key0, row), col, key1 ^ stream).
+struct DrawKeys {
+  uint32_t key0;
+  uint32_t key1_stream;
+};
+
+// Packed codes of one chunk's V elements (one block part, logical columns logical_col ..) rounded stochastically.
+template <typename E, int V>
+__device__ __forceinline__ uint32_t chunk_codes_stochastic(const Chunk& chunk, const mxfp4::BlockScale& s,
+                                                           uint32_t row_hash, uint32_t logical_col,
+                                                           uint32_t key1_stream) {
+  uint32_t bits[V];
+  uint32_t draw[V];
+#pragma unroll
+  for (int j = 0; j < V; ++j) {
+    bits[j] = float_as_bits(chunk_value<E>(chunk, j));
+    draw[j] = mxfp4::sr_finish(row_hash, logical_col + static_cast<uint32_t>(j), key1_stream);
+  }
+  return encode_packed(bits, s, true, draw);
+}
+
+// Rowwise, no rotation: straight from the loaded chunk i, in row first_row + 8i, rounded to nearest or (kStochastic)
+// stochastically with draws for logical row row_offset + that row and logical columns logical_col ...
+template <typename E, int V, bool kStochastic, int i>
+__device__ __forceinline__ void rowwise_chunk_plain(const CastMxfp4Args<typename E::Storage>& a, const Chunk& chunk,
+                                                    const RowwiseOffsets& o, int64_t first_row, int64_t col,
+                                                    bool valid, DrawKeys keys, uint32_t row_offset,
+                                                    uint32_t logical_col) {
   constexpr int kGroup = mxfp4::kBlock / V;
   float amax = 0.f;
 #pragma unroll
   for (int j = 0; j < V; ++j) amax = gpu::amax_step(amax, chunk_value<E>(chunk, j));
   const mxfp4::BlockScale s = mxfp4::block_scale(group_amax<kGroup>(float_as_bits(amax)), a.rule);
-  const uint32_t packed = chunk_codes_nearest<E, V>(chunk, s);
+  uint32_t packed;
+  if constexpr (kStochastic) {
+    const uint32_t row_hash = mxfp4::sr_row(keys.key0, row_offset + static_cast<uint32_t>(first_row + 8 * i));
+    packed = chunk_codes_stochastic<E, V>(chunk, s, row_hash, logical_col, keys.key1_stream);
+  } else {
+    packed = chunk_codes_nearest<E, V>(chunk, s);
+  }
   if (!valid) return;
   if (static_cast<int>(threadIdx.x) % kGroup == 0)
     a.row.scales[o.scale + (i >> 2) * o.scale_quad + ((i >> 1) & 1) * o.scale_pair + (i & 1) * o.scale_odd] = s.byte;
@@ -218,14 +249,22 @@ __device__ __forceinline__ void rowwise_chunk_nearest(const CastMxfp4Args<typena
   }
 }
 
-template <typename E, int V, int... kChunks>
-__device__ __forceinline__ void rowwise_nearest(const CastMxfp4Args<typename E::Storage>& a,
-                                                const Chunk (&chunks)[sizeof...(kChunks)], int64_t first_row,
-                                                int64_t col, std::integer_sequence<int, kChunks...>) {
+template <typename E, int V, bool kStochastic, int... kChunks>
+__device__ __forceinline__ void rowwise_plain(const CastMxfp4Args<typename E::Storage>& a,
+                                              const Chunk (&chunks)[sizeof...(kChunks)], int64_t first_row,
+                                              int64_t col, std::integer_sequence<int, kChunks...>) {
   static_assert(kCastThreads / kCastChunksPerRow == 8 && kCastTileRows % 64 == 0, "offset strides assume this");
   const RowwiseOffsets o = rowwise_offsets(a, first_row, col);
-  (rowwise_chunk_nearest<E, V, kChunks>(a, chunks[kChunks], o, first_row, col,
-                                        first_row + 8 * kChunks < a.m && col < a.k),
+  DrawKeys keys{};
+  uint32_t row_offset = 0, logical_col = 0;
+  if constexpr (kStochastic) {
+    keys = {a.sr_key[0], a.sr_key[1] ^ mxfp4::kRowwiseStream};
+    row_offset = a.index_offset[0];
+    logical_col = a.index_offset[1] + static_cast<uint32_t>(col);
+  }
+  (rowwise_chunk_plain<E, V, kStochastic, kChunks>(a, chunks[kChunks], o, first_row, col,
+                                                   first_row + 8 * kChunks < a.m && col < a.k, keys, row_offset,
+                                                   logical_col),
    ...);
 }
 
@@ -387,17 +426,43 @@ __device__ __forceinline__ float column_value(uint32_t word, int c) {
   return E::load_word(word, c);
 }
 
-template <typename E, int kCols>
-__device__ __forceinline__ void columnwise_block_nearest(const CastMxfp4Args<typename E::Storage>& a,
-                                                         const uint32_t (&words)[mxfp4::kBlock], int c,
-                                                         int64_t col, int64_t row0) {
+// Packed codes of the 32 values of one column block rounded stochastically, element j drawing for logical row
+// row_hashes[j] (sr_row of it) and logical column logical_col; value(j) gives element j as a float.
+template <typename Value>
+__device__ __forceinline__ gpu::Vec<uint32_t, 4> column_codes_stochastic(const mxfp4::BlockScale& s, Value value,
+                                                                        const uint32_t* row_hashes,
+                                                                        uint32_t logical_col, uint32_t key1_stream) {
+  gpu::Vec<uint32_t, 4> packed;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t part[8];
+    uint32_t draw[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      part[j] = float_as_bits(value(8 * w + j));
+      draw[j] = mxfp4::sr_finish(row_hashes[8 * w + j], logical_col, key1_stream);
+    }
+    packed.v[w] = encode_packed(part, s, true, draw);
+  }
+  return packed;
+}
+
+// Columnwise, no rotation (kStochastic: see column_codes_stochastic).
+template <typename E, int kCols, bool kStochastic>
+__device__ __forceinline__ void columnwise_block_plain(const CastMxfp4Args<typename E::Storage>& a,
+                                                       const uint32_t (&words)[mxfp4::kBlock], int c, int64_t col,
+                                                       int64_t row0, const uint32_t* row_hashes,
+                                                       uint32_t logical_col, uint32_t key1_stream) {
   float amax = 0.f;
 #pragma unroll
   for (int j = 0; j < mxfp4::kBlock; ++j) amax = gpu::amax_step(amax, column_value<E, kCols>(words[j], c));
   const mxfp4::BlockScale s = mxfp4::block_scale(float_as_bits(amax), a.rule);
   a.col.scales[mxfp4::scale_offset(a.col.layout, col, row0 / mxfp4::kBlock, a.m / mxfp4::kBlock)] = s.byte;
   gpu::Vec<uint32_t, 4> packed{};
-  if (kSubnormalCodes<E> && mxfp4::subnormal_codes_apply(s)) {
+  if constexpr (kStochastic) {
+    packed = column_codes_stochastic(
+        s, [&](int j) { return column_value<E, kCols>(words[j], c); }, row_hashes, logical_col, key1_stream);
+  } else if (kSubnormalCodes<E> && mxfp4::subnormal_codes_apply(s)) {
     const float factor = mxfp4::subnormal_code_factor(s.e);
 #pragma unroll
     for (int g = 0; g < 4; ++g) packed.v[g] = mxfp4::subnormal_codes_bf16_column(&words[8 * g], c, factor);
@@ -421,10 +486,12 @@ inline constexpr bool kSubnormalFloatCodes = !JA_HIP;
 // Columnwise, round to nearest, rotated: column c of the 4-byte words of 32 tile rows (read from shared memory
 // once per column: holding the words as well as the 32 rotated values would cost a third of the occupancy),
 // widened, rotated along the rows (x^T's quantization axis) and encoded.
-template <typename E, int kCols>
+template <typename E, int kCols, bool kStochastic>
 __device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typename E::Storage>& a,
                                                          const uint32_t* words, int stride, int c, int64_t col,
-                                                         int64_t row0, const uint32_t* row_signs) {
+                                                         int64_t row0, const uint32_t* row_signs,
+                                                         const uint32_t* row_hashes, uint32_t logical_col,
+                                                         uint32_t key1_stream) {
   float y[mxfp4::kBlock];
 #pragma unroll
   for (int j = 0; j < mxfp4::kBlock; ++j) y[j] = column_value<E, kCols>(words[j * stride], c);
@@ -435,7 +502,9 @@ __device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typ
   const mxfp4::BlockScale s = mxfp4::block_scale(float_as_bits(amax), a.rule);
   a.col.scales[mxfp4::scale_offset(a.col.layout, col, row0 / mxfp4::kBlock, a.m / mxfp4::kBlock)] = s.byte;
   gpu::Vec<uint32_t, 4> packed{};
-  if (kSubnormalFloatCodes && mxfp4::subnormal_codes_apply(s)) {
+  if constexpr (kStochastic) {
+    packed = column_codes_stochastic(s, [&](int j) { return y[j]; }, row_hashes, logical_col, key1_stream);
+  } else if (kSubnormalFloatCodes && mxfp4::subnormal_codes_apply(s)) {
     const float factor = mxfp4::subnormal_code_factor(s.e);
 #pragma unroll
     for (int g = 0; g < 4; ++g) packed.v[g] = mxfp4::subnormal_codes_float(&y[8 * g], factor);
@@ -453,14 +522,15 @@ __device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typ
 
 }  // namespace cast_detail
 
-// kNearest: round to nearest, no rotation. kRotatedColumns: the same, with the columnwise copy rotated (the rowwise
-// copy, if any, is not). kGeneral: stochastic rounding and Hadamard rotations as the arguments say.
-enum class CastPath { kNearest, kRotatedColumns, kGeneral };
+// kPlain: no rotation. kRotatedColumns: the same, with the columnwise copy rotated (the rowwise copy, if any, is
+// not); both round as kStochastic says. kGeneral: stochastic rounding and Hadamard rotations as the arguments say
+// (kStochastic unused).
+enum class CastPath { kPlain, kRotatedColumns, kGeneral };
 
 // kVectorLoads: x rows are 16-byte aligned (K * sizeof(S) % 16 == 0 and x aligned), so chunks load as one
 // access; otherwise (possible only for a columnwise-only cast) elements load one by one.
-template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath>
-__global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<typename E::Storage> a) {
+template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
+__device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::Storage>& a) {
   using S = typename E::Storage;
   using namespace cast_detail;
   constexpr bool kGeneral = kPath == CastPath::kGeneral;
@@ -469,8 +539,9 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
   constexpr int kTileCols = kCastTileCols<S>;
   constexpr int kTileRowsStored = kColumnwise ? kCastTileRows : 1;
   __shared__ Chunk tile[kTileRowsStored][kCastChunksPerRow];
-  constexpr int kHashRows = kColumnwise && kGeneral ? kCastTileRows : 1;
-  constexpr int kSignRows = kColumnwise && kPath != CastPath::kNearest ? kCastTileRows : 1;
+  static_assert(!(kGeneral && kStochastic), "the general kernel decides stochastic rounding at run time");
+  constexpr int kHashRows = kColumnwise && (kGeneral || kStochastic) ? kCastTileRows : 1;
+  constexpr int kSignRows = kColumnwise && kPath != CastPath::kPlain ? kCastTileRows : 1;
   __shared__ uint32_t col_row_hash[kHashRows];
   __shared__ uint32_t col_sign[kSignRows];
 
@@ -506,18 +577,18 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
     if constexpr (kColumnwise) tile[tile_row][chunk_col] = chunks[i];
   }
 
-  if constexpr (kColumnwise && kPath != CastPath::kNearest) {
+  if constexpr (kColumnwise && (kPath != CastPath::kPlain || kStochastic)) {
     if (t < kCastTileRows) {
       const uint32_t logical_row = row_offset + static_cast<uint32_t>(m0 + t);
-      if (kGeneral && a.stochastic) col_row_hash[t] = mxfp4::sr_row(a.sr_key[0], logical_row);
+      if (kStochastic || (kGeneral && a.stochastic)) col_row_hash[t] = mxfp4::sr_row(a.sr_key[0], logical_row);
       if (a.hadamard_signs && a.col.hadamard != 0)
         col_sign[t] = mxfp4::hadamard_sign_bit(a.hadamard_key[0], a.hadamard_key[1], logical_row);
     }
   }
 
   if constexpr (kRowwise && !kGeneral) {
-    rowwise_nearest<E, V>(a, chunks, m0 + t / kCastChunksPerRow, col,
-                          std::make_integer_sequence<int, kCastChunksPerThread>{});
+    rowwise_plain<E, V, kStochastic>(a, chunks, m0 + t / kCastChunksPerRow, col,
+                                     std::make_integer_sequence<int, kCastChunksPerThread>{});
   }
 
   if constexpr (kRowwise && kGeneral) {
@@ -562,16 +633,20 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
     const int64_t row0 = m0 + half * mxfp4::kBlock;
     if (row0 >= a.m) return;
     const uint32_t* row_signs = nullptr;
-    if constexpr (kPath != CastPath::kNearest) {
+    if constexpr (kPath != CastPath::kPlain) {
       if (a.hadamard_signs && a.col.hadamard != 0) row_signs = &col_sign[half * mxfp4::kBlock];
     }
+    const uint32_t* row_hashes = &col_row_hash[kHashRows > 1 ? half * mxfp4::kBlock : 0];
+    const uint32_t key1_stream = kHashRows > 1 ? a.sr_key[1] ^ mxfp4::kColumnwiseStream : 0u;
     if constexpr (kRotatedColumns) {
       const uint32_t* words = reinterpret_cast<const uint32_t*>(&tile[half * mxfp4::kBlock][0]) + word;
 #pragma unroll
       for (int c = 0; c < kColsPerThread; ++c) {
         const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
         if (column < a.k)
-          columnwise_block_rotated<E, kColsPerThread>(a, words, kWordsPerRow, c, column, row0, row_signs);
+          columnwise_block_rotated<E, kColsPerThread, kStochastic>(a, words, kWordsPerRow, c, column, row0, row_signs,
+                                                                   row_hashes, col_offset + static_cast<uint32_t>(column),
+                                                                   key1_stream);
       }
     } else if constexpr (!kGeneral) {
       uint32_t words[mxfp4::kBlock];
@@ -581,7 +656,10 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
 #pragma unroll
       for (int c = 0; c < kColsPerThread; ++c) {
         const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
-        if (column < a.k) columnwise_block_nearest<E, kColsPerThread>(a, words, c, column, row0);
+        if (column < a.k)
+          columnwise_block_plain<E, kColsPerThread, kStochastic>(a, words, c, column, row0, row_hashes,
+                                                                 col_offset + static_cast<uint32_t>(column),
+                                                                 key1_stream);
       }
     } else {
       float y[kColsPerThread][mxfp4::kBlock];
@@ -591,29 +669,48 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
 #pragma unroll
         for (int c = 0; c < kColsPerThread; ++c) y[c][j] = E::load_word(bits, c);
       }
-      const uint32_t key1_stream = a.sr_key[1] ^ mxfp4::kColumnwiseStream;
 #pragma unroll
       for (int c = 0; c < kColsPerThread; ++c) {
         const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
         if (column < a.k)
-          columnwise_block(a, y[c], column, row0, row_signs, &col_row_hash[half * mxfp4::kBlock], key1_stream,
-                           col_offset);
+          columnwise_block(a, y[c], column, row0, row_signs, row_hashes, key1_stream, col_offset);
       }
     }
   }
 }
 
-template <typename E, CastPath kPath>
+// The stochastic kernels are held to three blocks per SM (at most 85 registers): left alone, the compiler gives the
+// dual ones 98-113 registers and two blocks, 12-22 % slower on the H200 (benchmarks/results/sr_casts_h200_2026-12-05/);
+// the others keep their own allocation, which the same bound would raise to 80 registers where they need fewer.
+template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath>
+__global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<typename E::Storage> a) {
+  cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, kPath, false>(a);
+}
+
+template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath>
+__global__ void __launch_bounds__(kCastThreads, 3) cast_mxfp4_stochastic_kernel(CastMxfp4Args<typename E::Storage> a) {
+  cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, kPath, true>(a);
+}
+
+template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
+void launch_cast_kernel(const CastMxfp4Args<typename E::Storage>& a, unsigned grid, gpu::Stream stream) {
+  if constexpr (kStochastic)
+    cast_mxfp4_stochastic_kernel<E, kRowwise, kColumnwise, kVectorLoads, kPath><<<grid, kCastThreads, 0, stream>>>(a);
+  else
+    cast_mxfp4_kernel<E, kRowwise, kColumnwise, kVectorLoads, kPath><<<grid, kCastThreads, 0, stream>>>(a);
+}
+
+template <typename E, CastPath kPath, bool kStochastic = false>
 void launch_cast_variant(const CastMxfp4Args<typename E::Storage>& a, unsigned grid, bool row, bool col,
                          bool vector_loads, gpu::Stream stream) {
   if (row && col)
-    cast_mxfp4_kernel<E, true, true, true, kPath><<<grid, kCastThreads, 0, stream>>>(a);
+    launch_cast_kernel<E, true, true, true, kPath, kStochastic>(a, grid, stream);
   else if (row)
-    cast_mxfp4_kernel<E, true, false, true, kPath><<<grid, kCastThreads, 0, stream>>>(a);
+    launch_cast_kernel<E, true, false, true, kPath, kStochastic>(a, grid, stream);
   else if (vector_loads)
-    cast_mxfp4_kernel<E, false, true, true, kPath><<<grid, kCastThreads, 0, stream>>>(a);
+    launch_cast_kernel<E, false, true, true, kPath, kStochastic>(a, grid, stream);
   else
-    cast_mxfp4_kernel<E, false, true, false, kPath><<<grid, kCastThreads, 0, stream>>>(a);
+    launch_cast_kernel<E, false, true, false, kPath, kStochastic>(a, grid, stream);
 }
 
 // Rowwise needs whole 16-byte chunks (K % 32 == 0 gives that); the caller checks alignment of x.
@@ -627,12 +724,17 @@ gpu::Status launch_cast_mxfp4(const CastMxfp4Args<typename E::Storage>& a, gpu::
   const bool vector_loads = a.k % gpu::kVec16<S> == 0 && gpu::aligned16(a.x);
   const int64_t tiles = (a.m + kCastTileRows - 1) / kCastTileRows * ((a.k + kTileCols - 1) / kTileCols);
   const auto grid = static_cast<unsigned>(tiles);
-  if (a.stochastic || (row && a.row.hadamard != 0))
+  const bool rotated_columns = col && a.col.hadamard != 0;
+  if (row && a.row.hadamard != 0)
     launch_cast_variant<E, CastPath::kGeneral>(a, grid, row, col, vector_loads, stream);
-  else if (col && a.col.hadamard != 0)
+  else if (rotated_columns && a.stochastic)
+    launch_cast_variant<E, CastPath::kRotatedColumns, true>(a, grid, row, col, vector_loads, stream);
+  else if (rotated_columns)
     launch_cast_variant<E, CastPath::kRotatedColumns>(a, grid, row, col, vector_loads, stream);
+  else if (a.stochastic)
+    launch_cast_variant<E, CastPath::kPlain, true>(a, grid, row, col, vector_loads, stream);
   else
-    launch_cast_variant<E, CastPath::kNearest>(a, grid, row, col, vector_loads, stream);
+    launch_cast_variant<E, CastPath::kPlain>(a, grid, row, col, vector_loads, stream);
   return gpu::last_error();
 }
 
