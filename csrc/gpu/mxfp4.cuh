@@ -679,25 +679,26 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
   }
 }
 
-// The stochastic kernels are held to three blocks per SM (at most 85 registers): left alone, the compiler gives the
-// dual ones 98-113 registers and two blocks, 12-22 % slower on the H200 (benchmarks/results/sr_casts_h200_2026-12-05/);
-// the others keep their own allocation, which the same bound would raise to 80 registers where they need fewer.
-template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath>
+// On CUDA the stochastic rotated-columns kernels are held to three blocks per SM (at most 85 registers, no spills):
+// left alone, the compiler gives them 96-98 registers and two blocks, 17-22 % slower on the H200
+// (benchmarks/results/sr_casts_h200_2026-12-05/). The same bound makes the plain stochastic dual kernels spill, and
+// on HIP it spills too; those, and every other kernel, keep the compiler's own allocation.
+template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
 __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<typename E::Storage> a) {
-  cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, kPath, false>(a);
+  cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, kPath, kStochastic>(a);
 }
 
-template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath>
-__global__ void __launch_bounds__(kCastThreads, 3) cast_mxfp4_stochastic_kernel(CastMxfp4Args<typename E::Storage> a) {
-  cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, kPath, true>(a);
+template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads>
+__global__ void __launch_bounds__(kCastThreads, 3) cast_mxfp4_stochastic_rotated_kernel(CastMxfp4Args<typename E::Storage> a) {
+  cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, CastPath::kRotatedColumns, true>(a);
 }
 
 template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
 void launch_cast_kernel(const CastMxfp4Args<typename E::Storage>& a, unsigned grid, gpu::Stream stream) {
-  if constexpr (kStochastic)
-    cast_mxfp4_stochastic_kernel<E, kRowwise, kColumnwise, kVectorLoads, kPath><<<grid, kCastThreads, 0, stream>>>(a);
+  if constexpr (kStochastic && kPath == CastPath::kRotatedColumns && !JA_HIP)
+    cast_mxfp4_stochastic_rotated_kernel<E, kRowwise, kColumnwise, kVectorLoads><<<grid, kCastThreads, 0, stream>>>(a);
   else
-    cast_mxfp4_kernel<E, kRowwise, kColumnwise, kVectorLoads, kPath><<<grid, kCastThreads, 0, stream>>>(a);
+    cast_mxfp4_kernel<E, kRowwise, kColumnwise, kVectorLoads, kPath, kStochastic><<<grid, kCastThreads, 0, stream>>>(a);
 }
 
 template <typename E, CastPath kPath, bool kStochastic = false>
