@@ -644,9 +644,9 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
       for (int c = 0; c < kColsPerThread; ++c) {
         const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
         if (column < a.k)
-          columnwise_block_rotated<E, kColsPerThread, kStochastic>(a, words, kWordsPerRow, c, column, row0, row_signs,
-                                                                   row_hashes, col_offset + static_cast<uint32_t>(column),
-                                                                   key1_stream);
+          columnwise_block_rotated<E, kColsPerThread, kStochastic>(
+              a, words, kWordsPerRow, c, column, row0, row_signs, row_hashes,
+              col_offset + static_cast<uint32_t>(column), key1_stream);
       }
     } else if constexpr (!kGeneral) {
       uint32_t words[mxfp4::kBlock];
@@ -680,7 +680,7 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
 }
 
 // On CUDA the stochastic rotated-columns kernels are held to three blocks per SM (at most 85 registers, no spills):
-// left alone, the compiler gives them 96-98 registers and two blocks, 17-22 % slower on the H200
+// left alone, the compiler gives the dual ones 96-98 registers and two blocks, 18-22 % slower on the H200
 // (benchmarks/results/sr_casts_h200_2026-12-05/). The same bound makes the plain stochastic dual kernels spill, and
 // on HIP it spills too; those, and every other kernel, keep the compiler's own allocation.
 template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
@@ -689,7 +689,8 @@ __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<
 }
 
 template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads>
-__global__ void __launch_bounds__(kCastThreads, 3) cast_mxfp4_stochastic_rotated_kernel(CastMxfp4Args<typename E::Storage> a) {
+__global__ void __launch_bounds__(kCastThreads, 3)
+    cast_mxfp4_stochastic_rotated_kernel(CastMxfp4Args<typename E::Storage> a) {
   cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, CastPath::kRotatedColumns, true>(a);
 }
 
