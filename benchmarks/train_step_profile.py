@@ -12,6 +12,7 @@ Writes OUT_DIR/train_step_profile.json and prints the largest kernels of each ar
 import contextlib
 import glob
 import json
+import os
 import sys
 import tempfile
 import time
@@ -88,6 +89,7 @@ def main(argv):
         print(f"{name}: step {row['step_ms']:.2f} ms, kernels {row['kernel_ms']:.2f} ms, span {row['span_ms']:.2f} ms")
         for kernel in row["kernels"][:LISTED_KERNELS]:
             print(f"  {kernel['us']:9.1f} us {kernel['calls']:6.1f}x  {kernel['name'][:150]}")
+    os.makedirs(out, exist_ok=True)
     with open(f"{out}/train_step_profile.json", "w") as f:
         json.dump(result, f, indent=1)
 

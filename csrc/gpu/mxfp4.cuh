@@ -391,6 +391,27 @@ __device__ __forceinline__ void rotate_column_block(float (&y)[mxfp4::kBlock], i
   else rotate_column<true>(y, size, row_signs);
 }
 
+// Packed codes of the 32 values of one column block, value(j) giving element j as a float; rounded to nearest, or
+// stochastically with element j drawing for logical row row_hashes[j] (sr_row of it) and logical column logical_col.
+template <typename Value>
+__device__ __forceinline__ gpu::Vec<uint32_t, 4> column_codes(const mxfp4::BlockScale& s, Value value,
+                                                             bool stochastic, const uint32_t* row_hashes,
+                                                             uint32_t logical_col, uint32_t key1_stream) {
+  gpu::Vec<uint32_t, 4> packed;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    uint32_t part[8];
+    uint32_t draw[8] = {};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      part[j] = float_as_bits(value(8 * w + j));
+      if (stochastic) draw[j] = mxfp4::sr_finish(row_hashes[8 * w + j], logical_col, key1_stream);
+    }
+    packed.v[w] = encode_packed(part, s, stochastic, draw);
+  }
+  return packed;
+}
+
 template <typename S>
 __device__ __forceinline__ void columnwise_block(const CastMxfp4Args<S>& a, float (&y)[mxfp4::kBlock], int64_t col,
                                                  int64_t row0, const uint32_t* row_signs,
@@ -404,18 +425,8 @@ __device__ __forceinline__ void columnwise_block(const CastMxfp4Args<S>& a, floa
   a.col.scales[mxfp4::scale_offset(a.col.layout, col, row0 / mxfp4::kBlock, a.m / mxfp4::kBlock)] = s.byte;
 
   const uint32_t logical_col = col_offset + static_cast<uint32_t>(col);
-  gpu::Vec<uint32_t, 4> packed;
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    uint32_t part[8];
-    uint32_t draw[8] = {};
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      part[j] = bits[8 * w + j];
-      if (a.stochastic) draw[j] = mxfp4::sr_finish(row_hashes[8 * w + j], logical_col, key1_stream);
-    }
-    packed.v[w] = encode_packed(part, s, a.stochastic, draw);
-  }
+  const gpu::Vec<uint32_t, 4> packed =
+      column_codes(s, [&](int j) { return y[j]; }, a.stochastic, row_hashes, logical_col, key1_stream);
   store_column_block(a, col, row0, s.byte, packed);
 }
 
@@ -426,28 +437,7 @@ __device__ __forceinline__ float column_value(uint32_t word, int c) {
   return E::load_word(word, c);
 }
 
-// Packed codes of the 32 values of one column block rounded stochastically, element j drawing for logical row
-// row_hashes[j] (sr_row of it) and logical column logical_col; value(j) gives element j as a float.
-template <typename Value>
-__device__ __forceinline__ gpu::Vec<uint32_t, 4> column_codes_stochastic(const mxfp4::BlockScale& s, Value value,
-                                                                        const uint32_t* row_hashes,
-                                                                        uint32_t logical_col, uint32_t key1_stream) {
-  gpu::Vec<uint32_t, 4> packed;
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    uint32_t part[8];
-    uint32_t draw[8];
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      part[j] = float_as_bits(value(8 * w + j));
-      draw[j] = mxfp4::sr_finish(row_hashes[8 * w + j], logical_col, key1_stream);
-    }
-    packed.v[w] = encode_packed(part, s, true, draw);
-  }
-  return packed;
-}
-
-// Columnwise, no rotation (kStochastic: see column_codes_stochastic).
+// Columnwise, no rotation, rounded to nearest or (kStochastic) stochastically.
 template <typename E, int kCols, bool kStochastic>
 __device__ __forceinline__ void columnwise_block_plain(const CastMxfp4Args<typename E::Storage>& a,
                                                        const uint32_t (&words)[mxfp4::kBlock], int c, int64_t col,
@@ -460,8 +450,8 @@ __device__ __forceinline__ void columnwise_block_plain(const CastMxfp4Args<typen
   a.col.scales[mxfp4::scale_offset(a.col.layout, col, row0 / mxfp4::kBlock, a.m / mxfp4::kBlock)] = s.byte;
   gpu::Vec<uint32_t, 4> packed{};
   if constexpr (kStochastic) {
-    packed = column_codes_stochastic(
-        s, [&](int j) { return column_value<E, kCols>(words[j], c); }, row_hashes, logical_col, key1_stream);
+    packed = column_codes(
+        s, [&](int j) { return column_value<E, kCols>(words[j], c); }, true, row_hashes, logical_col, key1_stream);
   } else if (kSubnormalCodes<E> && mxfp4::subnormal_codes_apply(s)) {
     const float factor = mxfp4::subnormal_code_factor(s.e);
 #pragma unroll
@@ -503,7 +493,7 @@ __device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typ
   a.col.scales[mxfp4::scale_offset(a.col.layout, col, row0 / mxfp4::kBlock, a.m / mxfp4::kBlock)] = s.byte;
   gpu::Vec<uint32_t, 4> packed{};
   if constexpr (kStochastic) {
-    packed = column_codes_stochastic(s, [&](int j) { return y[j]; }, row_hashes, logical_col, key1_stream);
+    packed = column_codes(s, [&](int j) { return y[j]; }, true, row_hashes, logical_col, key1_stream);
   } else if (kSubnormalFloatCodes && mxfp4::subnormal_codes_apply(s)) {
     const float factor = mxfp4::subnormal_code_factor(s.e);
 #pragma unroll
