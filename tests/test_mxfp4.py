@@ -2,6 +2,7 @@
 independent numpy oracle in mxfp4_oracle.py."""
 
 import functools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -606,6 +607,22 @@ def test_dual_cast_options_bit_exact(device, dtype, options):
     x = jax.device_put(tricky_matrix(m, 320, dtype), device)
     native, reference = _oracle.native_and_reference(dual_cast, x, **options)
     assert_same_bytes(native, reference, str(options))
+
+
+def test_shuffled_scale_padding_is_zero_over_stale_memory(device):
+    """A shuffled copy's scales are allocated in whole tiles that no block fills; the cast itself must write 0 to
+    the rest, whatever the buffer held before. The scale buffers here are donated inputs full of 0xff (jit gives
+    an output the buffer of a donated input of its shape; keep_unused keeps the inputs), so padding left unwritten
+    shows up as 0xff."""
+    x = jax.device_put(tricky_matrix(192, 320, jnp.bfloat16), device)
+    options = dict(layout_rowwise="gemm_a", layout_columnwise="gemm_b")
+    reference = _oracle.native_and_reference(dual_cast, x, **options)[1]
+    stale = [jax.device_put(np.full(copy[1].shape, 0xFF, np.uint8), device) for copy in reference]
+    with use_backend("native"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # jit warns of a donation no output can take
+        native = jax.jit(lambda x, *_: dual_cast(x, **options), donate_argnums=(1, 2),
+                         keep_unused=True)(x, *stale)
+    assert_same_bytes(jax.tree.map(np.asarray, native), reference)
 
 
 # Copies written as their values (layout "values", the A operands of gemm_bf16_fp4): one case per kernel path

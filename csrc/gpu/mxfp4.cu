@@ -30,15 +30,6 @@ ffi::Error CastMxfp4(gpu::Stream stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U32>
     if (copy->enabled && copy->values && !gpu::aligned16(copy->data))
       return ffi::Error::InvalidArgument("cast_mxfp4: a copy in layout values needs its data aligned to 16 bytes");
   }
-  // Shuffled scales carry zero padding that no block writes.
-  for (const Mxfp4CopyPlan* copy : {&plan.row, &plan.col}) {
-    if (copy->enabled && copy->padded) {
-      if (auto err = gpu_error(gpu::memset_async(copy->scales, 0, static_cast<size_t>(copy->scale_bytes), stream),
-                               "cast_mxfp4 scale padding");
-          err.failure())
-        return err;
-    }
-  }
   return visit_float_element(plan.dtype, "x", [&](auto e) -> ffi::Error {
     using E = decltype(e);
     using S = typename E::Storage;

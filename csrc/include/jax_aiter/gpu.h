@@ -31,7 +31,6 @@ template <typename Kernel>
 Status max_active_blocks(int* blocks, Kernel kernel, int threads) {
   return hipOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, 0);
 }
-inline Status memset_async(void* p, int value, size_t bytes, Stream s) { return hipMemsetAsync(p, value, bytes, s); }
 #else
 using Stream = cudaStream_t;
 using Status = cudaError_t;
@@ -45,7 +44,6 @@ template <typename Kernel>
 Status max_active_blocks(int* blocks, Kernel kernel, int threads) {
   return cudaOccupancyMaxActiveBlocksPerMultiprocessor(blocks, kernel, threads, 0);
 }
-inline Status memset_async(void* p, int value, size_t bytes, Stream s) { return cudaMemsetAsync(p, value, bytes, s); }
 #endif
 
 // Wave (warp) size. NVIDIA: 32. AMD: 64 on gfx9 (MI300 = gfx942, MI350 = gfx950), 32 by default on gfx10+.
