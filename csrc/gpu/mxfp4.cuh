@@ -530,7 +530,11 @@ __device__ __forceinline__ void zero_scale_padding(const Mxfp4CopyArgs& copy, in
   }
 }
 
-// After the tile's own work, so that nothing of it is live during the loops.
+// Where in the kernel this runs changes the register allocation around it (ptxas, sm_90). Last, the general bf16
+// dual kernel took 147 registers instead of 128 (one block per SM instead of two); first, the stochastic
+// rotated-columns fp16 dual kernel spills. So the general kernels run it first and the others last: the bf16
+// kernels of the recipes keep their blocks per SM, two fp16/fp32 dual kernels go from four to three and the bf16
+// columnwise-only one from three to four.
 template <bool kRowwise, bool kColumnwise, typename S>
 __device__ __forceinline__ void zero_scale_paddings(const CastMxfp4Args<S>& a) {
   if constexpr (kRowwise) zero_scale_padding(a.row, a.m, a.k / mxfp4::kBlock);
@@ -702,8 +706,9 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
 // on HIP it spills too; those, and every other kernel, keep the compiler's own allocation.
 template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
 __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<typename E::Storage> a) {
+  if constexpr (kPath == CastPath::kGeneral) cast_detail::zero_scale_paddings<kRowwise, kColumnwise>(a);
   cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, kPath, kStochastic>(a);
-  cast_detail::zero_scale_paddings<kRowwise, kColumnwise>(a);
+  if constexpr (kPath != CastPath::kGeneral) cast_detail::zero_scale_paddings<kRowwise, kColumnwise>(a);
 }
 
 template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads>
