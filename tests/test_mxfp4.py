@@ -609,13 +609,18 @@ def test_dual_cast_options_bit_exact(device, dtype, options):
     assert_same_bytes(native, reference, str(options))
 
 
-def test_shuffled_scale_padding_is_zero_over_stale_memory(device):
+# One case per GPU kernel family, which write the padding at different points (csrc/gpu/mxfp4.cuh).
+PADDING_CASES = [dict(), dict(sr_key=5, hadamard_columnwise=16), dict(hadamard_rowwise=16, hadamard_key=3)]
+
+
+@pytest.mark.parametrize("options", PADDING_CASES, ids=["plain", "stochastic-rotated-columns", "general"])
+def test_shuffled_scale_padding_is_zero_over_stale_memory(device, options):
     """A shuffled copy's scales are allocated in whole tiles that no block fills; the cast itself must write 0 to
     the rest, whatever the buffer held before. The scale buffers here are donated inputs full of 0xff (jit gives
     an output the buffer of a donated input of its shape; keep_unused keeps the inputs), so padding left unwritten
     shows up as 0xff."""
     x = jax.device_put(tricky_matrix(192, 320, jnp.bfloat16), device)
-    options = dict(layout_rowwise="gemm_a", layout_columnwise="gemm_b")
+    options = dict(options, layout_rowwise="gemm_a", layout_columnwise="gemm_b")
     reference = _oracle.native_and_reference(dual_cast, x, **options)[1]
     stale = [jax.device_put(np.full(copy[1].shape, 0xFF, np.uint8), device) for copy in reference]
     with use_backend("native"), warnings.catch_warnings():
