@@ -1,8 +1,10 @@
 """Where the GPU time of one training step of the 75 M decoder goes (docs/performance.md, "Training step"): the
 convergence benchmark's step (``jax-aiter bench --only train``) under each policy named, timed with the batches of
 all policies interleaved (each after half a second of its own steps), then half a second of steps of each under
-the JAX profiler, with every kernel's GPU time summed by name per step. An arm ``name@impl`` compiles the arm
-with ``rms_norm`` and ``rms_norm_with_add`` forced to ``impl``.
+the JAX profiler, with every kernel's GPU time summed by name per step, and ours (jax_aiter::) also by launch grid,
+which tells the tensor shapes of one kernel apart. XLA turns its command buffers (CUDA graphs) off while a profiler
+runs, so the profiled steps run op by op; the step times are taken without it. An arm ``name@impl`` compiles the
+arm with ``rms_norm`` and ``rms_norm_with_add`` forced to ``impl``.
 
     python benchmarks/train_step_profile.py OUT_DIR [ARM,ARM,...]   (default: bf16,mxfp4-every-block)
 
@@ -29,6 +31,14 @@ PROFILED_STEPS = 3
 LISTED_KERNELS = 60
 
 
+def _grid(event) -> str:
+    """The launch grid the profiler recorded for a kernel event ("?" where it recorded none)."""
+    for _, value in event.stats:
+        if isinstance(value, str) and "grid:" in value:
+            return value.split("grid:")[1].split()[0]
+    return "?"
+
+
 def kernel_times(step, args) -> dict:
     """Per step: GPU time and count of each kernel name, the summed kernel time and the span from the first
     kernel's start to the last one's end, over the steps run in STEADY_STATE_S seconds (at least PROFILED_STEPS).
@@ -46,6 +56,7 @@ def kernel_times(step, args) -> dict:
         jax.profiler.stop_trace()
         profile = jax.profiler.ProfileData.from_file(glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
     per_name = defaultdict(lambda: [0, 0])
+    per_grid = defaultdict(lambda: [0, 0])
     first, last = None, None
     for plane in profile.planes:
         if not plane.name.startswith("/device:GPU"):
@@ -56,13 +67,19 @@ def kernel_times(step, args) -> dict:
             for event in line.events:
                 per_name[event.name][0] += 1
                 per_name[event.name][1] += event.duration_ns
+                if "jax_aiter::" in event.name:
+                    grid = per_grid[(event.name, _grid(event))]
+                    grid[0] += 1
+                    grid[1] += event.duration_ns
                 end = event.start_ns + event.duration_ns
                 first = event.start_ns if first is None else min(first, event.start_ns)
                 last = end if last is None else max(last, end)
     kernels = sorted(per_name.items(), key=lambda item: -item[1][1])
     return dict(steps=steps, kernel_ms=sum(t for _, t in per_name.values()) / steps / 1e6,
                 span_ms=(last - first) / steps / 1e6 if kernels else 0.0,
-                kernels=[dict(name=name, calls=calls / steps, us=ns / steps / 1e3) for name, (calls, ns) in kernels])
+                kernels=[dict(name=name, calls=calls / steps, us=ns / steps / 1e3) for name, (calls, ns) in kernels],
+                ours_by_grid=[dict(name=name, grid=grid, calls=calls / steps, us=ns / steps / 1e3)
+                              for (name, grid), (calls, ns) in sorted(per_grid.items(), key=lambda item: -item[1][1])])
 
 
 def main(argv):
@@ -89,6 +106,10 @@ def main(argv):
         print(f"{name}: step {row['step_ms']:.2f} ms, kernels {row['kernel_ms']:.2f} ms, span {row['span_ms']:.2f} ms")
         for kernel in row["kernels"][:LISTED_KERNELS]:
             print(f"  {kernel['us']:9.1f} us {kernel['calls']:6.1f}x  {kernel['name'][:150]}")
+        print(f"{name}: our kernels by launch grid")
+        for kernel in row["ours_by_grid"]:
+            grid = f"grid {kernel['grid']}"
+            print(f"  {kernel['us']:9.1f} us {kernel['calls']:6.1f}x  {grid:>17}  {kernel['name'][:110]}")
     os.makedirs(out, exist_ok=True)
     with open(f"{out}/train_step_profile.json", "w") as f:
         json.dump(result, f, indent=1)
