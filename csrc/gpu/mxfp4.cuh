@@ -512,7 +512,7 @@ __device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typ
 
 // A shuffled copy's scales are allocated in whole tiles of 256 rows and 8 block columns; no block of the view
 // [rows, blocks * 32] lands on the rest, which must read 0. The cast's threads write those zeros instead of a memset
-// of the whole allocation before the launch, a launch of its own (96 per step in the 75 M model's every-block MXFP4
+// of the whole allocation before the launch, a launch of its own (48 per step in the 75 M model's every-block MXFP4
 // step on the H200, about 0.04 ms of 32; docs/performance.md, "Training step"). One thread per scale row, without
 // divisions (a grid-stride loop over the padding as a flat index made a kernel held to three blocks per SM spill);
 // consecutive rows go to different blocks, so the up to 255 whole padding rows spread over the grid.
