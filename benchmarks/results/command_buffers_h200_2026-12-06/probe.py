@@ -1,5 +1,5 @@
 """Are our GPU handlers recorded into XLA's command buffers (CUDA graphs), and what does that change in the 75 M
-training step? One process: each arm's step compiled three ways on the same inputs,
+training step? One process: each arm's step compiled four ways on the same inputs,
 
   default       XLA's default command-buffer kinds (custom calls included: ours are recorded where they qualify)
   no-ffi        every default kind but CUSTOM_CALL: our calls end the graphs around them, as before the handlers
