@@ -4,14 +4,13 @@ before each of its 5 batches; one library per process (argv: output folder, labe
 few between, so that the tile count where 32-row tiles stop paying shows. Bytes: x read once, each copy's data and
 scales written once ("values" copies: 2 bytes per element); the copy rate is measured in the same process."""
 import json
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 
 from jax_aiter import gemm_fp4
+from jax_aiter.benchmark import timed_together
 
 out, label = sys.argv[1], sys.argv[2]
 SR = 1234
@@ -28,18 +27,8 @@ SHAPES = [(768, 192), (768, 768), (768, 2048), (16384, 192), (16384, 768), (1638
 
 
 def timed(fn, xs):
-    jax.block_until_ready(fn(xs))
-    samples = []
-    for _ in range(5):
-        t_end = time.perf_counter() + 0.2
-        while time.perf_counter() < t_end:
-            jax.block_until_ready(fn(xs))
-        t0 = time.perf_counter()
-        for _ in range(10):
-            o = fn(xs)
-        jax.block_until_ready(o)
-        samples.append((time.perf_counter() - t0) / (10 * len(xs)))
-    return statistics.median(samples)
+    """Seconds per cast, each of 5 batches after 0.2 s of the program's own calls (jax_aiter.benchmark's timing)."""
+    return timed_together({"cast": fn}, xs, batches=5, calls=10, per_call=len(xs), settle_s=0.2)["cast"]
 
 
 res = {"label": label, "device": str(jax.devices()[0]), "rows": {}}
