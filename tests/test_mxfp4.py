@@ -630,6 +630,24 @@ def test_shuffled_scale_padding_is_zero_over_stale_memory(device, options):
     assert_same_bytes(jax.tree.map(np.asarray, native), reference)
 
 
+# Single copies whose rows end inside a 32-row group of the shuffled scales, which no dual cast meets (its rows are
+# multiples of 32 both ways): the padding rows of that group and the padding columns beside its real rows.
+SINGLE_PADDING_CASES = [((200, 320), dict(layout="gemm_a")),
+                        ((192, 208), dict(columnwise=True, layout="gemm_b")),
+                        ((200, 320), dict(layout="gemm_a", hadamard=16, hadamard_key=3))]
+
+
+@pytest.mark.parametrize("shape, options", SINGLE_PADDING_CASES, ids=["rowwise", "columnwise", "rowwise-general"])
+def test_partial_scale_group_padding_is_zero_over_stale_memory(device, shape, options):
+    x = jax.device_put(tricky_matrix(*shape, jnp.bfloat16), device)
+    reference = _oracle.native_and_reference(cast_mxfp4, x, **options)[1]
+    stale = jax.device_put(np.full(reference[1].shape, 0xFF, np.uint8), device)
+    with use_backend("native"), warnings.catch_warnings():
+        warnings.simplefilter("error")  # jit warns of a donation no output can take
+        native = jax.jit(lambda x, _: cast_mxfp4(x, **options), donate_argnums=(1,), keep_unused=True)(x, stale)
+    assert_same_bytes(jax.tree.map(np.asarray, native), reference)
+
+
 # Copies written as their values (layout "values", the A operands of gemm_bf16_fp4): one case per kernel path
 # (round to nearest and stochastic, rotated columns, the general path with rotated rows), every dtype.
 VALUES_CASES = [

@@ -33,9 +33,7 @@ ffi::Error CastMxfp4(gpu::Stream stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U32>
   return visit_float_element(plan.dtype, "x", [&](auto e) -> ffi::Error {
     using E = decltype(e);
     using S = typename E::Storage;
-    if (kernels::cast_mxfp4_tiles<S>(plan.m, plan.k) > std::numeric_limits<int32_t>::max())
-      return ffi::Error::InvalidArgument("cast_mxfp4: x is too large for one launch");
-    kernels::CastMxfp4Args<S> args{static_cast<const S*>(plan.x),
+    const kernels::CastMxfp4Args<S> args{static_cast<const S*>(plan.x),
                                    plan.m,
                                    plan.k,
                                    plan.sr_key,
@@ -46,6 +44,8 @@ ffi::Error CastMxfp4(gpu::Stream stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U32>
                                    plan.hadamard_signs,
                                    copy_args(plan.row),
                                    copy_args(plan.col)};
+    if (kernels::cast_mxfp4_tiles(args) > std::numeric_limits<int32_t>::max())
+      return ffi::Error::InvalidArgument("cast_mxfp4: x is too large for one launch");
     return gpu_error(kernels::launch_cast_mxfp4<E>(args, stream), "cast_mxfp4 launch");
   });
 }

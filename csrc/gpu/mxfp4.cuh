@@ -1,14 +1,18 @@
 // MXFP4 casts on the GPU (CUDA and HIP from this one source): the rowwise copy of x [M, K] and/or of x^T,
 // reading x once for both. Numerics: the shared codec (jax_aiter/mxfp4_codec.h), bit-exact with the reference.
 //
-// A block of 256 threads owns a tile of 64 rows x 512 bytes of x (256 bf16/fp16 or 128 fp32 columns).
-// * Load: each thread loads 8 chunks of 16 bytes, 32 consecutive threads one tile row (fully coalesced).
+// A block of 256 threads owns a tile of 64 rows x 512 bytes of x (256 bf16/fp16 or 128 fp32 columns), or for
+// some 16-bit casts with a rotated columnwise copy 32 rows (cast_tile_rows says which: twice the blocks, half the
+// work per thread).
+// * Load: each thread loads 8 chunks (4 in a 32-row tile) of 16 bytes, 32 consecutive threads one tile row (fully
+//   coalesced).
 // * Rowwise copy, from those registers: a 32-element block spans kGroup = 32 / (elements per chunk) adjacent
 //   lanes (4 for 16-bit types, 8 for fp32), which combine amax and the cross-lane Hadamard stages through
 //   shuffles of width kGroup; each lane writes its packed bytes (a warp writes a contiguous run).
 // * Columnwise copy, through shared memory: each thread takes one 32-row half of the tile and one 4-byte
 //   column of it (two 16-bit columns or one fp32 column), quantizes each column's 32 values in registers and
-//   writes 16 bytes per column; the two halves of a column make one 32-byte sector.
+//   writes 16 bytes per column; the two halves of a column make one 32-byte sector. In a 32-row tile each thread
+//   takes one 16-bit column.
 // Three variants of each kernel (CastPath): the plain one (no Hadamard) keeps its inputs packed and carries no
 // rotation code, so it stays within fewer registers and instructions per element; the rotated-columns one is the
 // same with the columnwise copy rotated (the default recipe's wgrad operands); the general one handles every
@@ -51,8 +55,10 @@ struct CastMxfp4Args {
 
 inline constexpr int kCastThreads = 256;
 inline constexpr int kCastTileRows = 64;
+inline constexpr int kCastSmallTileRows = 32;
 inline constexpr int kCastChunksPerRow = 32;  // 16-byte chunks per tile row: 512 bytes
-inline constexpr int kCastChunksPerThread = kCastTileRows * kCastChunksPerRow / kCastThreads;
+template <int kRows>
+inline constexpr int kCastChunksPerThread = kRows * kCastChunksPerRow / kCastThreads;
 
 template <typename S>
 inline constexpr int kCastTileCols = kCastChunksPerRow * gpu::kVec16<S>;
@@ -137,7 +143,7 @@ __device__ __forceinline__ void store_rowwise(const CastMxfp4Args<S>& a, int64_t
 }
 
 // Where a thread's rowwise output goes. Its chunk i sits in row first_row + 8i (first_row = tile start + 0..7,
-// tiles start at multiples of 64), so in every layout the offsets are the chunk-0 offsets plus
+// tiles start at multiples of 32 and hold at most 64 rows), so in every layout the offsets are the chunk-0 offsets plus
 //   data:  (i >> 1) * data_pair + (i & 1) * data_odd
 //   scale: (i >> 2) * scale_quad + ((i >> 1) & 1) * scale_pair + (i & 1) * scale_odd
 // (in the shuffled layouts, i & 1 moves within a 16-row group and i >> 1 to the next). With i a constant of
@@ -253,7 +259,7 @@ template <typename E, int V, bool kStochastic, int... kChunks>
 __device__ __forceinline__ void rowwise_plain(const CastMxfp4Args<typename E::Storage>& a,
                                               const Chunk (&chunks)[sizeof...(kChunks)], int64_t first_row,
                                               int64_t col, std::integer_sequence<int, kChunks...>) {
-  static_assert(kCastThreads / kCastChunksPerRow == 8 && kCastTileRows % 64 == 0, "offset strides assume this");
+  static_assert(kCastThreads / kCastChunksPerRow == 8 && sizeof...(kChunks) <= 8, "offset strides assume this");
   const RowwiseOffsets o = rowwise_offsets(a, first_row, col);
   DrawKeys keys{};
   uint32_t row_offset = 0, logical_col = 0;
@@ -512,29 +518,65 @@ __device__ __forceinline__ void columnwise_block_rotated(const CastMxfp4Args<typ
 
 // A shuffled copy's scales are allocated in whole tiles of 256 rows and 8 block columns; no block of the view
 // [rows, blocks * 32] lands on the rest, which must read 0. The cast's threads write those zeros instead of a memset
-// of the whole allocation before the launch, a launch of its own (48 per step in the 75 M model's every-block MXFP4
-// step on the H200, about 0.04 ms of 32; docs/performance.md, "Training step"). One thread per scale row, without
-// divisions (a grid-stride loop over the padding as a flat index made a kernel held to three blocks per SM spill);
-// consecutive rows go to different blocks, so the up to 255 whole padding rows spread over the grid.
-__device__ __forceinline__ void zero_scale_padding(const Mxfp4CopyArgs& copy, int64_t rows, int64_t blocks) {
-  if (copy.data == nullptr || copy.values || copy.layout == mxfp4::Layout::kPlain) return;
-  const int64_t padded_rows = mxfp4::padded_scale_rows(rows);
+// of the whole allocation before the launch, a launch of its own. In the shuffled layout (shuffled_scale_offset) the
+// rows come in groups of 32, each a run of 32 * padded_cols bytes made of one 256-byte run per 8 block columns. So
+// the padding is the groups past the real rows (one contiguous range, written 16 bytes at a time), the last 8-column
+// run of every group of real rows when blocks is not a multiple of 8, and the other runs of a group that ends in
+// padding rows. All of it is spread over every thread of the grid by flat indices taken apart with shifts only (a
+// division made a kernel held to three blocks per SM spill). One thread per padding row, as it was, took about 30 us
+// for the 64 padding rows of a 192-row copy (benchmarks/results/small_casts_h200_2026-12-06/).
+// Not inlined, so that its index arithmetic takes no registers from the tile's code around it (inlined, it made
+// the stochastic rotated-columns kernel, held to three blocks per SM, spill).
+__device__ __noinline__ void zero_shuffled_scale_padding(uint8_t* scales, int64_t rows, int64_t blocks) {
   const int64_t padded_cols = mxfp4::padded_scale_cols(blocks);
+  const int64_t group_bytes = 32 * padded_cols;
+  const int64_t real_groups = (rows + 31) >> 5;
   const int64_t threads = int64_t{gridDim.x} * blockDim.x;
-  const int64_t first_row = padded_cols == blocks ? rows : 0;  // real rows have padding beside them, or none do
+  const int64_t thread = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+
+  uint8_t* const past = scales + real_groups * group_bytes;
+  const int64_t past_bytes = ((mxfp4::padded_scale_rows(rows) >> 5) - real_groups) * group_bytes;  // 256 * n
+  if (reinterpret_cast<uintptr_t>(past) % 16 == 0) {
 #pragma unroll 1
-  for (int64_t r = first_row + int64_t{threadIdx.x} * gridDim.x + blockIdx.x; r < padded_rows; r += threads) {
+    for (int64_t i = thread; i < past_bytes / 16; i += threads)
+      gpu::store_global_16(reinterpret_cast<uint32_t*>(past + 16 * i), gpu::Vec<uint32_t, 4>{});
+  } else {
 #pragma unroll 1
-    for (int64_t c = r < rows ? blocks : 0; c < padded_cols; ++c)
-      copy.scales[mxfp4::shuffled_scale_offset(r, c, padded_cols)] = 0;
+    for (int64_t i = thread; i < past_bytes; i += threads) past[i] = 0;
+  }
+
+  // Byte j of a 256-byte run holds row 16 * (j & 1) + ((j >> 2) & 15) of its group and column
+  // 4 * ((j >> 1) & 1) + (j >> 6) of its 8.
+  const int64_t last_run = (padded_cols >> 3) - 1;
+  if (blocks < padded_cols) {
+#pragma unroll 1
+    for (int64_t i = thread; i < real_groups * 256; i += threads) {
+      const int64_t group = i >> 8;
+      const int j = static_cast<int>(i & 255);
+      const int64_t row = 32 * group + 16 * (j & 1) + ((j >> 2) & 15);
+      const int64_t col = 8 * last_run + 4 * ((j >> 1) & 1) + (j >> 6);
+      if (row >= rows || col >= blocks) scales[group * group_bytes + 256 * last_run + j] = 0;
+    }
+  }
+  if (rows % 32 != 0) {
+    const int64_t group = real_groups - 1;
+    const int64_t runs = blocks < padded_cols ? last_run : last_run + 1;  // the last one is done above
+#pragma unroll 1
+    for (int64_t i = thread; i < runs * 256; i += threads) {
+      const int j = static_cast<int>(i & 255);
+      if (32 * group + 16 * (j & 1) + ((j >> 2) & 15) >= rows) scales[group * group_bytes + i] = 0;
+    }
   }
 }
 
-// Where in the kernel this runs changes the register allocation around it (ptxas, sm_90). Last, the general bf16
-// dual kernel took 147 registers instead of 128 (one block per SM instead of two); first, the stochastic
-// rotated-columns fp16 dual kernel spills. So the general kernels run it first and the others last: the bf16
-// kernels of the recipes keep their blocks per SM, two fp16/fp32 dual kernels go from four to three and the bf16
-// columnwise-only one from three to four.
+__device__ __forceinline__ void zero_scale_padding(const Mxfp4CopyArgs& copy, int64_t rows, int64_t blocks) {
+  if (copy.data == nullptr || copy.values || copy.layout == mxfp4::Layout::kPlain) return;
+  zero_shuffled_scale_padding(copy.scales, rows, blocks);
+}
+
+// Where in the kernel this runs changes the register allocation around it (ptxas, sm_90), even as a call: last, the
+// general bf16 dual kernel takes 145 registers instead of 128 (one block per SM instead of two). So the general
+// kernels run it first and the others last.
 template <bool kRowwise, bool kColumnwise, typename S>
 __device__ __forceinline__ void zero_scale_paddings(const CastMxfp4Args<S>& a) {
   if constexpr (kRowwise) zero_scale_padding(a.row, a.m, a.k / mxfp4::kBlock);
@@ -550,7 +592,7 @@ enum class CastPath { kPlain, kRotatedColumns, kGeneral };
 
 // kVectorLoads: x rows are 16-byte aligned (K * sizeof(S) % 16 == 0 and x aligned), so chunks load as one
 // access; otherwise (possible only for a columnwise-only cast) elements load one by one.
-template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
+template <typename E, int kRows, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
 __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::Storage>& a) {
   using S = typename E::Storage;
   using namespace cast_detail;
@@ -558,16 +600,17 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
   constexpr bool kRotatedColumns = kPath == CastPath::kRotatedColumns;
   constexpr int V = gpu::kVec16<S>;
   constexpr int kTileCols = kCastTileCols<S>;
-  constexpr int kTileRowsStored = kColumnwise ? kCastTileRows : 1;
+  constexpr int kChunks = kCastChunksPerThread<kRows>;
+  constexpr int kTileRowsStored = kColumnwise ? kRows : 1;
   __shared__ Chunk tile[kTileRowsStored][kCastChunksPerRow];
   static_assert(!(kGeneral && kStochastic), "the general kernel decides stochastic rounding at run time");
-  constexpr int kHashRows = kColumnwise && (kGeneral || kStochastic) ? kCastTileRows : 1;
-  constexpr int kSignRows = kColumnwise && kPath != CastPath::kPlain ? kCastTileRows : 1;
+  constexpr int kHashRows = kColumnwise && (kGeneral || kStochastic) ? kRows : 1;
+  constexpr int kSignRows = kColumnwise && kPath != CastPath::kPlain ? kRows : 1;
   __shared__ uint32_t col_row_hash[kHashRows];
   __shared__ uint32_t col_sign[kSignRows];
 
   const int64_t tiles_k = (a.k + kTileCols - 1) / kTileCols;
-  const int64_t m0 = static_cast<int64_t>(blockIdx.x) / tiles_k * kCastTileRows;
+  const int64_t m0 = static_cast<int64_t>(blockIdx.x) / tiles_k * kRows;
   const int64_t k0 = static_cast<int64_t>(blockIdx.x) % tiles_k * kTileCols;
   const int t = static_cast<int>(threadIdx.x);
   const int chunk_col = t % kCastChunksPerRow;
@@ -575,9 +618,9 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
   const uint32_t row_offset = a.index_offset[0];
   const uint32_t col_offset = a.index_offset[1];
 
-  Chunk chunks[kCastChunksPerThread];
+  Chunk chunks[kChunks];
 #pragma unroll
-  for (int i = 0; i < kCastChunksPerThread; ++i) {
+  for (int i = 0; i < kChunks; ++i) {
     const int tile_row = t / kCastChunksPerRow + i * (kCastThreads / kCastChunksPerRow);
     const int64_t row = m0 + tile_row;
     const S* src = a.x + row * a.k + col;
@@ -599,7 +642,7 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
   }
 
   if constexpr (kColumnwise && (kPath != CastPath::kPlain || kStochastic)) {
-    if (t < kCastTileRows) {
+    if (t < kRows) {
       const uint32_t logical_row = row_offset + static_cast<uint32_t>(m0 + t);
       if (kStochastic || (kGeneral && a.stochastic)) col_row_hash[t] = mxfp4::sr_row(a.sr_key[0], logical_row);
       if (a.hadamard_signs && a.col.hadamard != 0)
@@ -609,7 +652,7 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
 
   if constexpr (kRowwise && !kGeneral) {
     rowwise_plain<E, V, kStochastic>(a, chunks, m0 + t / kCastChunksPerRow, col,
-                                     std::make_integer_sequence<int, kCastChunksPerThread>{});
+                                     std::make_integer_sequence<int, kChunks>{});
   }
 
   if constexpr (kRowwise && kGeneral) {
@@ -626,7 +669,7 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
     if (a.row.hadamard != 0) {
       uint32_t nonzero_min = 0xFFFFFFFFu;
 #pragma unroll
-      for (int i = 0; i < kCastChunksPerThread; ++i) {
+      for (int i = 0; i < kChunks; ++i) {
 #pragma unroll
         for (int j = 0; j < V; ++j) nonzero_min = mxfp4::nonzero_min_step(nonzero_min, chunk_value<E>(chunks[i], j));
       }
@@ -634,7 +677,7 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
     }
     const uint32_t key1_stream = a.sr_key[1] ^ mxfp4::kRowwiseStream;
 #pragma unroll
-    for (int i = 0; i < kCastChunksPerThread; ++i) {
+    for (int i = 0; i < kChunks; ++i) {
       const int64_t row = m0 + t / kCastChunksPerRow + i * (kCastThreads / kCastChunksPerRow);
       const uint32_t row_hash =
           a.stochastic ? mxfp4::sr_row(a.sr_key[0], row_offset + static_cast<uint32_t>(row)) : 0u;
@@ -645,12 +688,18 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
 
   if constexpr (kColumnwise) {
     __syncthreads();
-    constexpr int kColsPerThread = static_cast<int>(4 / sizeof(S));  // one 4-byte word of a tile row
-    static_assert(kColsPerThread == 1 || kColsPerThread == 2, "fp32, or a 16-bit type");
+    constexpr int kColsPerWord = static_cast<int>(4 / sizeof(S));  // one 4-byte word of a tile row
+    static_assert(kColsPerWord == 1 || kColsPerWord == 2, "fp32, or a 16-bit type");
     constexpr int kWordsPerRow = kCastChunksPerRow * 4;
-    static_assert(kWordsPerRow * 2 == kCastThreads, "two 32-row halves of one word column per thread");
+    static_assert(kWordsPerRow * 2 == kCastThreads, "two threads per word column");
+    // A 64-row tile: thread t takes the 32-row half t / 128 of word column t % 128, every column of the word; a
+    // 32-row tile (16-bit types): column t / 128 of that word.
+    constexpr bool kHalves = kRows == kCastTileRows;
+    static_assert(kHalves || (kRows == kCastSmallTileRows && kColsPerWord == 2), "32-row tiles hold 16-bit types");
+    constexpr int kThreadCols = kHalves ? kColsPerWord : 1;
     const int word = t % kWordsPerRow;
-    const int half = t / kWordsPerRow;
+    const int half = kHalves ? t / kWordsPerRow : 0;
+    const int first_c = kHalves ? 0 : t / kWordsPerRow;
     const int64_t row0 = m0 + half * mxfp4::kBlock;
     if (row0 >= a.m) return;
     const uint32_t* row_signs = nullptr;
@@ -662,10 +711,11 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
     if constexpr (kRotatedColumns) {
       const uint32_t* words = reinterpret_cast<const uint32_t*>(&tile[half * mxfp4::kBlock][0]) + word;
 #pragma unroll
-      for (int c = 0; c < kColsPerThread; ++c) {
-        const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
+      for (int i = 0; i < kThreadCols; ++i) {
+        const int c = first_c + i;
+        const int64_t column = k0 + int64_t{word} * kColsPerWord + c;
         if (column < a.k)
-          columnwise_block_rotated<E, kColsPerThread, kStochastic>(
+          columnwise_block_rotated<E, kColsPerWord, kStochastic>(
               a, words, kWordsPerRow, c, column, row0, row_signs, row_hashes,
               col_offset + static_cast<uint32_t>(column), key1_stream);
       }
@@ -675,26 +725,27 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
       for (int j = 0; j < mxfp4::kBlock; ++j)
         words[j] = reinterpret_cast<const uint32_t*>(&tile[half * mxfp4::kBlock + j][0])[word];
 #pragma unroll
-      for (int c = 0; c < kColsPerThread; ++c) {
-        const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
+      for (int i = 0; i < kThreadCols; ++i) {
+        const int c = first_c + i;
+        const int64_t column = k0 + int64_t{word} * kColsPerWord + c;
         if (column < a.k)
-          columnwise_block_plain<E, kColsPerThread, kStochastic>(a, words, c, column, row0, row_hashes,
-                                                                 col_offset + static_cast<uint32_t>(column),
-                                                                 key1_stream);
+          columnwise_block_plain<E, kColsPerWord, kStochastic>(a, words, c, column, row0, row_hashes,
+                                                               col_offset + static_cast<uint32_t>(column),
+                                                               key1_stream);
       }
     } else {
-      float y[kColsPerThread][mxfp4::kBlock];
+      float y[kThreadCols][mxfp4::kBlock];
 #pragma unroll
       for (int j = 0; j < mxfp4::kBlock; ++j) {
         const uint32_t bits = reinterpret_cast<const uint32_t*>(&tile[half * mxfp4::kBlock + j][0])[word];
 #pragma unroll
-        for (int c = 0; c < kColsPerThread; ++c) y[c][j] = E::load_word(bits, c);
+        for (int i = 0; i < kThreadCols; ++i) y[i][j] = E::load_word(bits, first_c + i);
       }
 #pragma unroll
-      for (int c = 0; c < kColsPerThread; ++c) {
-        const int64_t column = k0 + int64_t{word} * kColsPerThread + c;
+      for (int i = 0; i < kThreadCols; ++i) {
+        const int64_t column = k0 + int64_t{word} * kColsPerWord + first_c + i;
         if (column < a.k)
-          columnwise_block(a, y[c], column, row0, row_signs, row_hashes, key1_stream, col_offset);
+          columnwise_block(a, y[i], column, row0, row_signs, row_hashes, key1_stream, col_offset);
       }
     }
   }
@@ -704,70 +755,101 @@ __device__ __forceinline__ void cast_mxfp4_tile(const CastMxfp4Args<typename E::
 // left alone, the compiler gives the dual ones 96-98 registers and two blocks, 18-22 % slower on the H200
 // (benchmarks/results/sr_casts_h200_2026-12-05/). The same bound makes the plain stochastic dual kernels spill, and
 // on HIP it spills too; those, and every other kernel, keep the compiler's own allocation.
-template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
+template <typename E, int kRows, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
 __global__ void __launch_bounds__(kCastThreads) cast_mxfp4_kernel(CastMxfp4Args<typename E::Storage> a) {
   if constexpr (kPath == CastPath::kGeneral) cast_detail::zero_scale_paddings<kRowwise, kColumnwise>(a);
-  cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, kPath, kStochastic>(a);
+  cast_mxfp4_tile<E, kRows, kRowwise, kColumnwise, kVectorLoads, kPath, kStochastic>(a);
   if constexpr (kPath != CastPath::kGeneral) cast_detail::zero_scale_paddings<kRowwise, kColumnwise>(a);
 }
 
-template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads>
+template <typename E, int kRows, bool kRowwise, bool kColumnwise, bool kVectorLoads>
 __global__ void __launch_bounds__(kCastThreads, 3)
     cast_mxfp4_stochastic_rotated_kernel(CastMxfp4Args<typename E::Storage> a) {
-  cast_mxfp4_tile<E, kRowwise, kColumnwise, kVectorLoads, CastPath::kRotatedColumns, true>(a);
+  cast_mxfp4_tile<E, kRows, kRowwise, kColumnwise, kVectorLoads, CastPath::kRotatedColumns, true>(a);
   cast_detail::zero_scale_paddings<kRowwise, kColumnwise>(a);
 }
 
-template <typename E, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
+template <typename E, int kRows, bool kRowwise, bool kColumnwise, bool kVectorLoads, CastPath kPath, bool kStochastic>
 void launch_cast_kernel(const CastMxfp4Args<typename E::Storage>& a, unsigned grid, gpu::Stream stream) {
   if constexpr (kStochastic && kPath == CastPath::kRotatedColumns && !JA_HIP)
-    cast_mxfp4_stochastic_rotated_kernel<E, kRowwise, kColumnwise, kVectorLoads><<<grid, kCastThreads, 0, stream>>>(a);
+    cast_mxfp4_stochastic_rotated_kernel<E, kRows, kRowwise, kColumnwise, kVectorLoads>
+        <<<grid, kCastThreads, 0, stream>>>(a);
   else
-    cast_mxfp4_kernel<E, kRowwise, kColumnwise, kVectorLoads, kPath, kStochastic><<<grid, kCastThreads, 0, stream>>>(a);
+    cast_mxfp4_kernel<E, kRows, kRowwise, kColumnwise, kVectorLoads, kPath, kStochastic>
+        <<<grid, kCastThreads, 0, stream>>>(a);
 }
 
-template <typename E, CastPath kPath, bool kStochastic = false>
+template <typename E, int kRows, CastPath kPath, bool kStochastic = false>
 void launch_cast_variant(const CastMxfp4Args<typename E::Storage>& a, unsigned grid, bool row, bool col,
                          bool vector_loads, gpu::Stream stream) {
   if (row && col)
-    launch_cast_kernel<E, true, true, true, kPath, kStochastic>(a, grid, stream);
+    launch_cast_kernel<E, kRows, true, true, true, kPath, kStochastic>(a, grid, stream);
   else if (row)
-    launch_cast_kernel<E, true, false, true, kPath, kStochastic>(a, grid, stream);
+    launch_cast_kernel<E, kRows, true, false, true, kPath, kStochastic>(a, grid, stream);
   else if (vector_loads)
-    launch_cast_kernel<E, false, true, true, kPath, kStochastic>(a, grid, stream);
+    launch_cast_kernel<E, kRows, false, true, true, kPath, kStochastic>(a, grid, stream);
   else
-    launch_cast_kernel<E, false, true, false, kPath, kStochastic>(a, grid, stream);
+    launch_cast_kernel<E, kRows, false, true, false, kPath, kStochastic>(a, grid, stream);
+}
+
+// A 16-bit cast whose columnwise copy is rotated (and its rowwise one not) runs 32-row tiles when it rounds
+// stochastically or has at least kRotatedSmallTilesFrom tiles of 64 rows: its threads each rotate two 32-value
+// columns serially, and halving that work (48 registers against 80 for the bf16 dual) paid for twice the blocks
+// (5-21 % at 16384 rows and widths 768-4096). The narrow ones rounding to nearest (the 192-wide key and value
+// gradients: 256 tiles) ran faster on 64 rows, and plain casts did at every size from 1024 columns: with 32 rows the
+// columnwise data leave in 16-byte halves of sectors (benchmarks/results/small_casts_h200_2026-12-06/).
+inline constexpr int64_t kRotatedSmallTilesFrom = 512;
+
+template <typename S>
+int cast_tile_rows(const CastMxfp4Args<S>& a) {
+  if (sizeof(S) != 2 || a.col.data == nullptr || a.col.hadamard == 0 ||
+      (a.row.data != nullptr && a.row.hadamard != 0))
+    return kCastTileRows;
+  const int64_t tiles = (a.m + kCastTileRows - 1) / kCastTileRows * ((a.k + kCastTileCols<S> - 1) / kCastTileCols<S>);
+  return a.stochastic || tiles >= kRotatedSmallTilesFrom ? kCastSmallTileRows : kCastTileRows;
+}
+
+// Tiles (thread blocks) the cast a launches; the handler rejects more than a grid holds.
+template <typename S>
+int64_t cast_mxfp4_tiles(const CastMxfp4Args<S>& a) {
+  const int rows = cast_tile_rows(a);
+  return (a.m + rows - 1) / rows * ((a.k + kCastTileCols<S> - 1) / kCastTileCols<S>);
+}
+
+template <typename E, bool kStochastic>
+void launch_rotated_columns(const CastMxfp4Args<typename E::Storage>& a, unsigned grid, bool row,
+                            bool vector_loads, gpu::Stream stream) {
+  if constexpr (sizeof(typename E::Storage) == 2) {
+    if (cast_tile_rows(a) == kCastSmallTileRows) {
+      launch_cast_variant<E, kCastSmallTileRows, CastPath::kRotatedColumns, kStochastic>(a, grid, row, true,
+                                                                                         vector_loads, stream);
+      return;
+    }
+  }
+  launch_cast_variant<E, kCastTileRows, CastPath::kRotatedColumns, kStochastic>(a, grid, row, true, vector_loads,
+                                                                               stream);
 }
 
 // Rowwise needs whole 16-byte chunks (K % 32 == 0 gives that); the caller checks alignment of x.
 template <typename E>
 gpu::Status launch_cast_mxfp4(const CastMxfp4Args<typename E::Storage>& a, gpu::Stream stream) {
-  using S = typename E::Storage;
-  constexpr int kTileCols = kCastTileCols<S>;
   if (a.m == 0 || a.k == 0) return gpu::kSuccess;
+  const auto grid = static_cast<unsigned>(cast_mxfp4_tiles(a));
   const bool row = a.row.data != nullptr;
   const bool col = a.col.data != nullptr;
-  const bool vector_loads = a.k % gpu::kVec16<S> == 0 && gpu::aligned16(a.x);
-  const int64_t tiles = (a.m + kCastTileRows - 1) / kCastTileRows * ((a.k + kTileCols - 1) / kTileCols);
-  const auto grid = static_cast<unsigned>(tiles);
+  const bool vector_loads = a.k % gpu::kVec16<typename E::Storage> == 0 && gpu::aligned16(a.x);
   const bool rotated_columns = col && a.col.hadamard != 0;
   if (row && a.row.hadamard != 0)
-    launch_cast_variant<E, CastPath::kGeneral>(a, grid, row, col, vector_loads, stream);
+    launch_cast_variant<E, kCastTileRows, CastPath::kGeneral>(a, grid, row, col, vector_loads, stream);
   else if (rotated_columns && a.stochastic)
-    launch_cast_variant<E, CastPath::kRotatedColumns, true>(a, grid, row, col, vector_loads, stream);
+    launch_rotated_columns<E, true>(a, grid, row, vector_loads, stream);
   else if (rotated_columns)
-    launch_cast_variant<E, CastPath::kRotatedColumns>(a, grid, row, col, vector_loads, stream);
+    launch_rotated_columns<E, false>(a, grid, row, vector_loads, stream);
   else if (a.stochastic)
-    launch_cast_variant<E, CastPath::kPlain, true>(a, grid, row, col, vector_loads, stream);
+    launch_cast_variant<E, kCastTileRows, CastPath::kPlain, true>(a, grid, row, col, vector_loads, stream);
   else
-    launch_cast_variant<E, CastPath::kPlain>(a, grid, row, col, vector_loads, stream);
+    launch_cast_variant<E, kCastTileRows, CastPath::kPlain>(a, grid, row, col, vector_loads, stream);
   return gpu::last_error();
-}
-
-// Tiles (thread blocks) a cast of x [m, k] launches; the handler rejects more than a grid holds.
-template <typename S>
-int64_t cast_mxfp4_tiles(int64_t m, int64_t k) {
-  return (m + kCastTileRows - 1) / kCastTileRows * ((k + kCastTileCols<S> - 1) / kCastTileCols<S>);
 }
 
 // --- exact dequantization into bf16 (ja_dequantize_mxfp4) ---------------------------------------------------

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # 32-row cast tiles on one H200, in device calls of at most ten minutes each:
-#   run.sh 1   build this tree twice, with every 16-bit cast on 32-row tiles (t32: kSmallCastTiles above any grid)
+#   run.sh 1   (as it ran, on the tree of the change before its tile rule: kSmallCastTiles, replaced since by
+#              cast_tile_rows' rule) build this tree twice, with every 16-bit cast on 32-row tiles (t32: kSmallCastTiles above any grid)
 #              and with none (t64: kSmallCastTiles = 0), and the tree before (old: .devcarry/old/mxfp4.cuh, the
 #              kernels of main 7137f53, carried); the gpu tests of the casts and MXFP4 GEMMs on t32 and t64 (so that
 #              both tile heights are byte-exact on every test shape); the cast timings of each library in its own
 #              process
-#   run.sh 2   this tree as it is: `bench --only train` and the per-kernel profile of the BF16 and every-block steps
+#   run.sh 2   this tree as it is (32-row tiles where the columnwise copy is rotated, set from part 1):
+#              `bench --only train`, the per-kernel profile of the BF16 and every-block steps, the gpu tests of the
+#              casts and MXFP4 GEMMs, the cast timings
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 here=$PWD d=benchmarks/results/small_casts_h200_2026-12-06
@@ -17,6 +20,11 @@ if [[ $1 == 2 ]]; then
     timeout 120 python3 benchmarks/train_step_profile.py "$OUT/profile" bf16,mxfp4-every-block > "$OUT/profile.log" 2>&1
   echo "profile: exit $?, $((SECONDS - start)) s"
   grep -A12 "step" "$OUT/profile.log" | cut -c1-160
+  timeout 100 python3 -m pytest tests/test_mxfp4.py tests/test_gemm_fp4.py -m gpu -q -p no:cacheprovider -rfEs \
+    > $OUT/pytest_gpu.log 2>&1
+  echo "tests exit $?"; tail -n 2 $OUT/pytest_gpu.log
+  JAX_AITER_LIB_DIR=$here/build/dev/install/jax_aiter/lib PYTHONPATH=$here timeout 60 python3 $d/cast_ab.py $OUT final \
+    2>&1 | grep -v Warning | tee $OUT/cast_ab.log
   exit 0
 fi
 export OUT=$OUT/part1
