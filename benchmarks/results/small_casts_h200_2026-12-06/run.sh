@@ -20,7 +20,7 @@ if [[ $1 == 2 ]]; then
     timeout 120 python3 benchmarks/train_step_profile.py "$OUT/profile" bf16,mxfp4-every-block > "$OUT/profile.log" 2>&1
   echo "profile: exit $?, $((SECONDS - start)) s"
   grep -A12 "step" "$OUT/profile.log" | cut -c1-160
-  timeout 100 python3 -m pytest tests/test_mxfp4.py tests/test_gemm_fp4.py -m gpu -q -p no:cacheprovider -rfEs \
+  JAX_AITER_LIB_DIR=$here/build/dev/install/jax_aiter/lib PYTHONPATH=$here timeout 100 python3 -m pytest tests/test_mxfp4.py tests/test_gemm_fp4.py -m gpu -q -p no:cacheprovider -rfEs \
     > $OUT/pytest_gpu.log 2>&1
   echo "tests exit $?"; tail -n 2 $OUT/pytest_gpu.log
   JAX_AITER_LIB_DIR=$here/build/dev/install/jax_aiter/lib PYTHONPATH=$here timeout 60 python3 $d/cast_ab.py $OUT final \
