@@ -34,16 +34,16 @@ ffi::Error CastMxfp4(gpu::Stream stream, ffi::AnyBuffer x, ffi::Buffer<ffi::U32>
     using E = decltype(e);
     using S = typename E::Storage;
     const kernels::CastMxfp4Args<S> args{static_cast<const S*>(plan.x),
-                                   plan.m,
-                                   plan.k,
-                                   plan.sr_key,
-                                   plan.hadamard_key,
-                                   plan.index_offset,
-                                   plan.rule,
-                                   plan.stochastic,
-                                   plan.hadamard_signs,
-                                   copy_args(plan.row),
-                                   copy_args(plan.col)};
+                                         plan.m,
+                                         plan.k,
+                                         plan.sr_key,
+                                         plan.hadamard_key,
+                                         plan.index_offset,
+                                         plan.rule,
+                                         plan.stochastic,
+                                         plan.hadamard_signs,
+                                         copy_args(plan.row),
+                                         copy_args(plan.col)};
     if (kernels::cast_mxfp4_tiles(args) > std::numeric_limits<int32_t>::max())
       return ffi::Error::InvalidArgument("cast_mxfp4: x is too large for one launch");
     return gpu_error(kernels::launch_cast_mxfp4<E>(args, stream), "cast_mxfp4 launch");
