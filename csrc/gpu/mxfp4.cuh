@@ -801,19 +801,23 @@ void launch_cast_variant(const CastMxfp4Args<typename E::Storage>& a, unsigned g
 inline constexpr int64_t kRotatedSmallTilesFrom = 512;
 
 template <typename S>
+int64_t cast_tiles_of(const CastMxfp4Args<S>& a, int rows) {
+  return (a.m + rows - 1) / rows * ((a.k + kCastTileCols<S> - 1) / kCastTileCols<S>);
+}
+
+template <typename S>
 int cast_tile_rows(const CastMxfp4Args<S>& a) {
   if (sizeof(S) != 2 || a.col.data == nullptr || a.col.hadamard == 0 ||
       (a.row.data != nullptr && a.row.hadamard != 0))
     return kCastTileRows;
-  const int64_t tiles = (a.m + kCastTileRows - 1) / kCastTileRows * ((a.k + kCastTileCols<S> - 1) / kCastTileCols<S>);
-  return a.stochastic || tiles >= kRotatedSmallTilesFrom ? kCastSmallTileRows : kCastTileRows;
+  const bool small = a.stochastic || cast_tiles_of(a, kCastTileRows) >= kRotatedSmallTilesFrom;
+  return small ? kCastSmallTileRows : kCastTileRows;
 }
 
 // Tiles (thread blocks) the cast a launches; the handler rejects more than a grid holds.
 template <typename S>
 int64_t cast_mxfp4_tiles(const CastMxfp4Args<S>& a) {
-  const int rows = cast_tile_rows(a);
-  return (a.m + rows - 1) / rows * ((a.k + kCastTileCols<S> - 1) / kCastTileCols<S>);
+  return cast_tiles_of(a, cast_tile_rows(a));
 }
 
 template <typename E, bool kStochastic>

@@ -3,6 +3,7 @@
 # small_plain_tiles.diff applied; probe.py on this tree (the step's memsets with their neighbours, the optimized HLO
 # of both steps); the per-kernel profile of the every-block step on the variant (the weights' plain dual casts on
 # 32-row tiles), to compare by launch grid with ../small_casts_h200_2026-12-06/part2/profile.log.
+SECONDS=0
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
 here=$PWD d=benchmarks/results/memsets_h200_2026-12-06
@@ -21,3 +22,7 @@ echo "probe exit $?"; cut -c1-300 $OUT/probe.log | head -60
 cd /tmp/v && JAX_AITER_LIB_DIR=/tmp/v/build/dev/install/jax_aiter/lib PYTHONPATH=/tmp/v timeout 120 \
   python3 benchmarks/train_step_profile.py $OUT/variant mxfp4-every-block > $OUT/profile_variant.log 2>&1
 echo "profile exit $?"; head -1 $OUT/profile_variant.log; grep -A30 "by launch grid" $OUT/profile_variant.log | cut -c1-150
+left=$((585 - SECONDS))
+cd /tmp/v && JAX_AITER_LIB_DIR=/tmp/v/build/dev/install/jax_aiter/lib PYTHONPATH=/tmp/v timeout $left \
+  python3 -m pytest -q -p no:cacheprovider -m gpu tests/test_mxfp4.py tests/test_gemm_fp4.py > $OUT/tests_variant.log 2>&1
+echo "variant gpu tests exit $? (limit $left s)"; tail -3 $OUT/tests_variant.log

@@ -1,0 +1,114 @@
+"""Where flash_attn_varlen's time over cuDNN's dense call goes (B 4, S 4096, Hq 32, D 128, causal, fwd + bwd):
+cuDNN dense; our varlen as on main (the per-token sequence index by jnp.searchsorted's while loop); the same with
+the index from an unrolled search (no while loop); without the final select (wrong in general, its cost only); the
+packed cuDNN call alone. All timed interleaved and settled in one process, then profiled per kernel.
+
+    python probe.py OUT_DIR
+"""
+import functools
+import glob
+import json
+import sys
+import tempfile
+import collections
+
+import jax
+import jax.numpy as jnp
+
+from jax_aiter.benchmark import compile_fn, timed_together
+from jax_aiter.mha import _cudnn, attention
+
+out_dir = sys.argv[1]
+batch, seq, heads, dim = 4, 4096, 32, 128
+
+
+def packed(q, k, v, cu_q, cu_k, options, method, select):
+    total_q, total_k = q.shape[0], k.shape[0]
+    q_offsets = jnp.concatenate([cu_q, jnp.asarray([total_q], cu_q.dtype)])
+    k_offsets = jnp.concatenate([cu_k, jnp.asarray([total_k], cu_k.dtype)])
+    len_k = jnp.diff(cu_k)
+    mask = _cudnn._private_cudnn.MaskType.PADDING_CAUSAL
+    out = _cudnn._private_cudnn.dot_product_attention(
+        q[None], k[None], v[None], q_seqlen=jnp.diff(q_offsets)[None], kv_seqlen=jnp.diff(k_offsets)[None],
+        q_offsets=q_offsets[None], kv_offsets=k_offsets[None], scale=options.softmax_scale, mask_type=mask)[0]
+    if not select:
+        return out
+    sequence = jnp.searchsorted(cu_q[1:], jnp.arange(total_q, dtype=cu_q.dtype), side="right", method=method)
+    nseq = len_k.shape[0]
+    sees_keys = (sequence < nseq) & (len_k[jnp.clip(sequence, 0, nseq - 1)] > 0)
+    return jnp.where(sees_keys[:, None, None], out, 0)
+
+
+rows = {}
+for kv_heads in (heads, heads // 4):
+    keys = jax.random.split(jax.random.key(0), 4)
+    q = jax.random.normal(keys[0], (batch, seq, heads, dim), jnp.bfloat16)
+    k = jax.random.normal(keys[1], (batch, seq, kv_heads, dim), jnp.bfloat16)
+    v = jax.random.normal(keys[2], (batch, seq, kv_heads, dim), jnp.bfloat16)
+    do = jax.random.normal(keys[3], (batch, seq, heads, dim), jnp.bfloat16)
+    cu = jnp.arange(batch + 1, dtype=jnp.int32) * seq
+    flat = lambda t: t.reshape(batch * seq, *t.shape[2:])  # noqa: E731
+    (_, _, _, cu_q, cu_k), params = attention.flash_attn_varlen_call(
+        flat(q), flat(k), flat(v), cu, cu, seq, seq, dropout_p=0.0, softmax_scale=None, causal=True,
+        window_size=(-1, -1), bias=None, alibi_slopes=None, deterministic=False, return_lse=False, dropout_key=None)
+    options = params["options"]
+
+    def guarded(method, select=True):
+        kernel = lambda q, k, v, cu_q, cu_k, options: packed(q, k, v, cu_q, cu_k, options, method, select)  # noqa
+        fn = attention._non_finite_kept_out(kernel, attention._xla_flash_attn_varlen)
+        return lambda q, k, v: fn(flat(q), flat(k), flat(v), cu, cu, options=options).reshape(q.shape)
+
+    variants = {
+        "cudnn dense": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
+        "varlen main": lambda q, k, v: attention.flash_attn_varlen(
+            flat(q), flat(k), flat(v), cu, cu, seq, seq, causal=True).reshape(q.shape),
+        "varlen scan (copy of main)": guarded("scan"),
+        "varlen scan_unrolled": guarded("scan_unrolled"),
+        "varlen no select": guarded("scan", select=False),
+        "packed alone": lambda q, k, v: packed(flat(q), flat(k), flat(v), cu, cu, options, "scan", False
+                                               ).reshape(q.shape),
+        "dense default": lambda q, k, v: attention.flash_attn_func(q, k, v, causal=True),
+    }
+    compiled = {}
+    for name, fn in variants.items():
+        def program(a, fn=fn):
+            o, vjp = jax.vjp(fn, *a[:3])
+            return (o, *vjp(a[3]))
+        try:
+            compiled[name] = compile_fn(program, (q, k, v, do))
+        except Exception as err:  # noqa: BLE001
+            print(f"hk{kv_heads} {name}: {type(err).__name__}: {str(err)[:300]}")
+            continue
+        text = compiled[name].as_text()
+        print(f"hk{kv_heads} {name}: while loops {text.count(' while(')}, conditionals {text.count(' conditional(')}")
+    ref = compiled["varlen main"]((q, k, v, do))
+    for name in ("varlen scan_unrolled", "varlen scan (copy of main)"):
+        got = compiled[name]((q, k, v, do))
+        same = all(bool(jnp.array_equal(a, b)) for a, b in zip(ref, got))
+        print(f"hk{kv_heads} {name} equal to main: {same}")
+    times = timed_together(compiled, (q, k, v, do), batches=7, calls=10, settle_s=1.0)
+    for name, t in times.items():
+        print(f"hk{kv_heads} {name:28s} {t * 1e3:7.3f} ms  cudnn/this {times['cudnn dense'] / t:.3f}")
+        rows[f"hk{kv_heads} {name}"] = t
+    for name in ("varlen main", "varlen scan_unrolled"):
+        with tempfile.TemporaryDirectory() as trace_dir:
+            jax.profiler.start_trace(trace_dir)
+            for _ in range(3):
+                r = compiled[name]((q, k, v, do))
+            jax.block_until_ready(r)
+            jax.profiler.stop_trace()
+            profile = jax.profiler.ProfileData.from_file(
+                glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
+        kernels = collections.defaultdict(lambda: [0, 0])
+        for plane in profile.planes:
+            if plane.name.startswith("/device:GPU"):
+                for line in plane.lines:
+                    if "Stream" in line.name:
+                        for e in line.events:
+                            kernels[e.name[:90]][0] += 1
+                            kernels[e.name[:90]][1] += e.duration_ns
+        print(f"hk{kv_heads} {name} kernels per call")
+        for kname, (n, ns) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:16]:
+            print(f"   {ns / 3e3:8.1f} us {n / 3:4.1f}x {kname}")
+with open(f"{out_dir}/varlen_probe.json", "w") as f:
+    json.dump(rows, f, indent=1)
