@@ -1,11 +1,11 @@
 """Where flash_attn_varlen's time over cuDNN's dense call goes (B 4, S 4096, Hq 32, D 128, causal, fwd + bwd):
-cuDNN dense; our varlen as on main (the per-token sequence index by jnp.searchsorted's while loop); the same with
-the index from an unrolled search (no while loop); without the final select (wrong in general, its cost only); the
-packed cuDNN call alone. All timed interleaved and settled in one process, then profiled per kernel.
+cuDNN dense; our varlen on this tree; copies of its cuDNN path with the per-token sequence index from
+jnp.searchsorted's while loop (main before this change) and from the unrolled search, and without the final
+select (wrong in general: its cost only); the packed cuDNN call alone; the dense default. All timed interleaved
+and settled in one process, then profiled per kernel.
 
     python probe.py OUT_DIR
 """
-import functools
 import glob
 import json
 import sys
@@ -60,9 +60,9 @@ for kv_heads in (heads, heads // 4):
 
     variants = {
         "cudnn dense": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True, implementation="cudnn"),
-        "varlen main": lambda q, k, v: attention.flash_attn_varlen(
+        "varlen this tree": lambda q, k, v: attention.flash_attn_varlen(
             flat(q), flat(k), flat(v), cu, cu, seq, seq, causal=True).reshape(q.shape),
-        "varlen scan (copy of main)": guarded("scan"),
+        "varlen scan (the old index)": guarded("scan"),
         "varlen scan_unrolled": guarded("scan_unrolled"),
         "varlen no select": guarded("scan", select=False),
         "packed alone": lambda q, k, v: packed(flat(q), flat(k), flat(v), cu, cu, options, "scan", False
@@ -81,16 +81,16 @@ for kv_heads in (heads, heads // 4):
             continue
         text = compiled[name].as_text()
         print(f"hk{kv_heads} {name}: while loops {text.count(' while(')}, conditionals {text.count(' conditional(')}")
-    ref = compiled["varlen main"]((q, k, v, do))
-    for name in ("varlen scan_unrolled", "varlen scan (copy of main)"):
+    ref = compiled["varlen this tree"]((q, k, v, do))
+    for name in ("varlen scan_unrolled", "varlen scan (the old index)"):
         got = compiled[name]((q, k, v, do))
         same = all(bool(jnp.array_equal(a, b)) for a, b in zip(ref, got))
-        print(f"hk{kv_heads} {name} equal to main: {same}")
+        print(f"hk{kv_heads} {name} equal to this tree: {same}")
     times = timed_together(compiled, (q, k, v, do), batches=7, calls=10, settle_s=1.0)
     for name, t in times.items():
         print(f"hk{kv_heads} {name:28s} {t * 1e3:7.3f} ms  cudnn/this {times['cudnn dense'] / t:.3f}")
         rows[f"hk{kv_heads} {name}"] = t
-    for name in ("varlen main", "varlen scan_unrolled"):
+    for name in ("varlen this tree", "varlen scan_unrolled"):
         with tempfile.TemporaryDirectory() as trace_dir:
             jax.profiler.start_trace(trace_dir)
             for _ in range(3):
