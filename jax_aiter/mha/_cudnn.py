@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_aiter.mha._contract import AttentionOptions
+from jax_aiter.ref import mha as ref
 
 try:  # jax's cuDNN attention module, for the packed layout jax.nn does not expose
     from jax._src.cudnn import fused_attention_stablehlo as _private_cudnn
@@ -62,7 +63,7 @@ def _packed_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, options: AttentionOption
     out = _private_cudnn.dot_product_attention(
         q[None], k[None], v[None], q_seqlen=jnp.diff(q_offsets)[None], kv_seqlen=jnp.diff(k_offsets)[None],
         q_offsets=q_offsets[None], kv_offsets=k_offsets[None], scale=options.softmax_scale, mask_type=mask)[0]
-    sequence = jnp.searchsorted(cu_seqlens_q[1:], jnp.arange(total_q, dtype=cu_seqlens_q.dtype), side="right")
+    sequence, _ = ref.segments(cu_seqlens_q, total_q)
     batch = len_k.shape[0]
     sees_keys = (sequence < batch) & (len_k[jnp.clip(sequence, 0, batch - 1)] > 0)
     return jnp.where(sees_keys[:, None, None], out, 0)
@@ -191,11 +192,9 @@ def _pad_gather(x, cu_seqlens, max_seqlen):
 
 def _packed_gather(x, cu_seqlens, total):
     batch, max_seqlen = x.shape[:2]
-    tokens = jnp.arange(total, dtype=cu_seqlens.dtype)
-    seq = jnp.searchsorted(cu_seqlens[1:], tokens, side="right")
+    seq, pos = ref.segments(cu_seqlens, total)
     # a token is in a padded slot when its sequence exists and its position is below max_seqlen (always, for
     # offsets the checks accepted)
-    pos = tokens - cu_seqlens[jnp.clip(seq, 0, batch - 1)]
     inside = (seq < batch) & (pos < max_seqlen)
     seq = jnp.clip(seq, 0, batch - 1)
     pos = jnp.clip(pos, 0, max_seqlen - 1)

@@ -86,8 +86,8 @@ def attention_varlen(
     lse −inf. Returns ``(out [Tq, Hq, Dv], lse [Hq, Tq] float32)``.
     """
     batch = cu_seqlens_q.shape[0] - 1
-    seg_q, pos_q = _segments(cu_seqlens_q, q.shape[0])
-    seg_k, pos_k = _segments(cu_seqlens_k, k.shape[0])
+    seg_q, pos_q = segments(cu_seqlens_q, q.shape[0])
+    seg_k, pos_k = segments(cu_seqlens_k, k.shape[0])
     seq_of_q = jnp.clip(seg_q, 0, batch - 1)
     len_q = jnp.diff(cu_seqlens_q)[seq_of_q]
     len_k = jnp.diff(cu_seqlens_k)[seq_of_q]
@@ -115,11 +115,12 @@ def _constant_slopes(alibi_slopes: jax.Array) -> jax.Array:
     return lax.stop_gradient(alibi_slopes.astype(jnp.float32))
 
 
-def _segments(cu_seqlens: jax.Array, total: int) -> tuple[jax.Array, jax.Array]:
+def segments(cu_seqlens: jax.Array, total: int) -> tuple[jax.Array, jax.Array]:
     """Per token: the sequence it belongs to (``B`` when past the last one) and its position in it."""
     tokens = jnp.arange(total, dtype=cu_seqlens.dtype)
-    # side="right" skips empty sequences, whose start equals the next one's.
-    seg = jnp.searchsorted(cu_seqlens[1:], tokens, side="right")
+    # side="right" skips empty sequences, whose start equals the next one's. The unrolled search has no while
+    # loop, which a GPU program runs as one launch sequence per step.
+    seg = jnp.searchsorted(cu_seqlens[1:], tokens, side="right", method="scan_unrolled")
     start = cu_seqlens[jnp.clip(seg, 0, cu_seqlens.shape[0] - 2)]
     return seg, tokens - start
 
