@@ -15,7 +15,7 @@ import collections
 import jax
 import jax.numpy as jnp
 
-from jax_aiter.benchmark import compile_fn, timed_together
+from jax_aiter.benchmark import compile_fn, normal, timed_together
 from jax_aiter.mha import _cudnn, attention
 
 out_dir = sys.argv[1]
@@ -41,11 +41,9 @@ def packed(q, k, v, cu_q, cu_k, options, method, select):
 
 rows = {}
 for kv_heads in (heads, heads // 4):
-    keys = jax.random.split(jax.random.key(0), 4)
-    q = jax.random.normal(keys[0], (batch, seq, heads, dim), jnp.bfloat16)
-    k = jax.random.normal(keys[1], (batch, seq, kv_heads, dim), jnp.bfloat16)
-    v = jax.random.normal(keys[2], (batch, seq, kv_heads, dim), jnp.bfloat16)
-    do = jax.random.normal(keys[3], (batch, seq, heads, dim), jnp.bfloat16)
+    # the inputs of jax-aiter bench's attention rows
+    q, do = (normal(jax.random.key(i), (batch, seq, heads, dim)) for i in (0, 3))
+    k, v = (normal(jax.random.key(i), (batch, seq, kv_heads, dim)) for i in (1, 2))
     cu = jnp.arange(batch + 1, dtype=jnp.int32) * seq
     flat = lambda t: t.reshape(batch * seq, *t.shape[2:])  # noqa: E731
     (_, _, _, cu_q, cu_k), params = attention.flash_attn_varlen_call(
