@@ -2,12 +2,14 @@
 cuDNN dense; our varlen on this tree; copies of its cuDNN path with the per-token sequence index from
 jnp.searchsorted's while loop (main before this change) and from the unrolled search, and without the final
 select (wrong in general: its cost only); the packed cuDNN call alone; the dense default. All timed interleaved
-and settled in one process, then profiled per kernel.
+and settled in one process; cuDNN dense, the packed call alone and our varlen then profiled per kernel, with
+their optimized HLO written (xz) to find the owners of the memsets and copies the packed layout adds.
 
     python probe.py OUT_DIR
 """
 import glob
 import json
+import lzma
 import sys
 import tempfile
 import collections
@@ -88,7 +90,10 @@ for kv_heads in (heads, heads // 4):
     for name, t in times.items():
         print(f"hk{kv_heads} {name:28s} {t * 1e3:7.3f} ms  cudnn/this {times['cudnn dense'] / t:.3f}")
         rows[f"hk{kv_heads} {name}"] = t
-    for name in ("varlen this tree", "varlen scan_unrolled"):
+    # The memsets and memcpy128 kernels of the varlen call (2026-12-04 profile): cuDNN's own or XLA's, and whose.
+    for name in ("cudnn dense", "packed alone", "varlen this tree"):
+        with lzma.open(f"{out_dir}/hk{kv_heads}_{name.replace(' ', '_')}.hlo.txt.xz", "wt") as f:
+            f.write(compiled[name].as_text())
         with tempfile.TemporaryDirectory() as trace_dir:
             jax.profiler.start_trace(trace_dir)
             for _ in range(3):
