@@ -5,20 +5,18 @@ select (wrong in general: its cost only); the packed cuDNN call alone; the dense
 and settled in one process; cuDNN dense, the packed call alone and our varlen then profiled per kernel, with
 their optimized HLO written (xz) to find the owners of the memsets and copies the packed layout adds.
 
-    python probe.py OUT_DIR
+    PYTHONPATH=. python benchmarks/results/varlen_h200_2026-12-06/probe.py OUT_DIR   (from the repository root)
 """
-import glob
 import json
 import lzma
 import sys
-import tempfile
-import collections
 
 import jax
 import jax.numpy as jnp
 
 from jax_aiter.benchmark import compile_fn, normal, timed_together
 from jax_aiter.mha import _cudnn, attention
+from benchmarks.train_step_profile import kernel_times
 
 out_dir = sys.argv[1]
 batch, seq, heads, dim = 4, 4096, 32, 128
@@ -94,24 +92,10 @@ for kv_heads in (heads, heads // 4):
     for name in ("cudnn dense", "packed alone", "varlen this tree"):
         with lzma.open(f"{out_dir}/hk{kv_heads}_{name.replace(' ', '_')}.hlo.txt.xz", "wt") as f:
             f.write(compiled[name].as_text())
-        with tempfile.TemporaryDirectory() as trace_dir:
-            jax.profiler.start_trace(trace_dir)
-            for _ in range(3):
-                r = compiled[name]((q, k, v, do))
-            jax.block_until_ready(r)
-            jax.profiler.stop_trace()
-            profile = jax.profiler.ProfileData.from_file(
-                glob.glob(f"{trace_dir}/**/*.xplane.pb", recursive=True)[0])
-        kernels = collections.defaultdict(lambda: [0, 0])
-        for plane in profile.planes:
-            if plane.name.startswith("/device:GPU"):
-                for line in plane.lines:
-                    if "Stream" in line.name:
-                        for e in line.events:
-                            kernels[e.name[:90]][0] += 1
-                            kernels[e.name[:90]][1] += e.duration_ns
-        print(f"hk{kv_heads} {name} kernels per call")
-        for kname, (n, ns) in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:16]:
-            print(f"   {ns / 3e3:8.1f} us {n / 3:4.1f}x {kname}")
+        profile = kernel_times(compiled[name], ((q, k, v, do),))
+        rows[f"hk{kv_heads} {name} profile"] = profile
+        print(f"hk{kv_heads} {name} per call: kernels {profile['kernel_ms']:.3f} ms, span {profile['span_ms']:.3f} ms")
+        for kernel in profile["kernels"][:16]:
+            print(f"   {kernel['us']:8.1f} us {kernel['calls']:4.1f}x {kernel['name'][:90]}")
 with open(f"{out_dir}/varlen_probe.json", "w") as f:
     json.dump(rows, f, indent=1)
