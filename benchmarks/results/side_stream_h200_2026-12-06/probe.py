@@ -16,7 +16,7 @@ the optimized HLO holds, whether its outputs equal the default step's bit for bi
 the default and the fastest other variant (summed kernel time against the span: overlap shows as span < sum).
 The BF16 step is timed beside them for the ratio.
 
-    python probe.py OUT_DIR
+    PYTHONPATH=. python3 benchmarks/results/side_stream_h200_2026-12-06/probe.py OUT_DIR   (from the repository root)
 """
 
 import json
@@ -29,12 +29,10 @@ import numpy as np
 from jax._src.core import MemorySpace
 from jax.experimental.compute_on import compute_on
 
+from benchmarks.train_step_profile import kernel_times
 from jax_aiter.benchmark import STEADY_STATE_S, timed_together
 from jax_aiter.examples import convergence, tiny_llama
 from jax_aiter.gemm_fp4 import _linear
-
-sys.path.insert(0, ".")
-from benchmarks.train_step_profile import kernel_times  # noqa: E402
 
 LHS = {"xla_gpu_enable_latency_hiding_scheduler": True}
 STREAM = {"xla_gpu_experimental_stream_annotation": True}
