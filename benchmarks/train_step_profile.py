@@ -82,14 +82,19 @@ def kernel_times(step, args) -> dict:
                               for (name, grid), (calls, ns) in sorted(per_grid.items(), key=lambda item: -item[1][1])])
 
 
-def main(argv):
-    out = argv[0]
-    arms = argv[1].split(",") if len(argv) > 1 else ["bf16", "mxfp4-every-block"]
+def step_inputs() -> tuple[convergence.Setup, tuple]:
+    """The 75 M decoder's setup and one step's arguments (params, Adam state, a batch of tokens), fixed keys."""
     setup = convergence.Setup.for_model("75m")
     cfg = setup.config
     params = tiny_llama.init_params(cfg, jax.random.key(0))
     tokens = jax.random.randint(jax.random.key(1), (cfg.batch, cfg.seq_len + 1), 0, cfg.vocab, jnp.int32)
-    args = (params, tiny_llama.adam_init(params), tokens)
+    return setup, (params, tiny_llama.adam_init(params), tokens)
+
+
+def main(argv):
+    out = argv[0]
+    arms = argv[1].split(",") if len(argv) > 1 else ["bf16", "mxfp4-every-block"]
+    setup, args = step_inputs()
     steps = {}
     for name in arms:
         arm, _, norm = name.partition("@")

@@ -24,14 +24,13 @@ import sys
 import traceback
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax._src.core import MemorySpace
 from jax.experimental.compute_on import compute_on
 
-from benchmarks.train_step_profile import kernel_times
+from benchmarks.train_step_profile import kernel_times, step_inputs
 from jax_aiter.benchmark import STEADY_STATE_S, timed_together
-from jax_aiter.examples import convergence, tiny_llama
+from jax_aiter.examples import convergence
 from jax_aiter.gemm_fp4 import _linear
 
 LHS = {"xla_gpu_enable_latency_hiding_scheduler": True}
@@ -62,11 +61,7 @@ def lower(setup, arm, args, annotate):
 
 
 def main(out):
-    setup = convergence.Setup.for_model("75m")
-    cfg = setup.config
-    params = tiny_llama.init_params(cfg, jax.random.key(0))
-    tokens = jax.random.randint(jax.random.key(1), (cfg.batch, cfg.seq_len + 1), 0, cfg.vocab, jnp.int32)
-    args = (params, tiny_llama.adam_init(params), tokens)
+    setup, args = step_inputs()
     result = {"device": jax.devices()[0].device_kind, "jax": jax.__version__, "variants": {}}
     compiled = {"bf16": lower(setup, "bf16", args, False).compile()}
     lowered = {annotate: lower(setup, "mxfp4-every-block", args, annotate) for annotate in (False, True)}
