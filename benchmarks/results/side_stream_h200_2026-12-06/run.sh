@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One device call (under ten minutes on a fresh H200): build this tree, run probe.py (the weights' casts on a
-# second stream), then the varlen probe of ../varlen_h200_2026-12-06 (no build needed) in the time left.
+# second stream), the grouped-casts probe of ../grouped_casts_h200_2026-12-06, then the varlen probe of
+# ../varlen_h200_2026-12-06 in the time left (neither needs a build of its own).
 SECONDS=0
 set -uo pipefail
 export PATH=/usr/local/cuda/bin:$PATH PYTHONUNBUFFERED=1
@@ -10,6 +11,10 @@ echo "build $? in $SECONDS s"
 export JAX_AITER_LIB_DIR=$PWD/build/dev/install/jax_aiter/lib PYTHONPATH=$PWD
 timeout 300 python3 $here/probe.py $OUT 2>&1 | grep -v Warning > $OUT/probe.log
 echo "side-stream probe exit $? at $SECONDS s"; cut -c1-240 $OUT/probe.log | tail -40
+mkdir -p $OUT/grouped
+timeout 120 python3 benchmarks/results/grouped_casts_h200_2026-12-06/probe.py $OUT/grouped 2>&1 | grep -v Warning \
+  > $OUT/grouped/probe.log
+echo "grouped-casts probe exit $? at $SECONDS s"; cut -c1-160 $OUT/grouped/probe.log | tail -30
 left=$((${LIMIT_S:-585} - SECONDS))
 mkdir -p $OUT/varlen
 [ $left -gt 60 ] && timeout $left python3 benchmarks/results/varlen_h200_2026-12-06/probe.py $OUT/varlen \
