@@ -49,7 +49,12 @@ class PrecisionPolicy:
       ``linear`` says;
     * ``bf16_last_fraction``: a share of the blocks, in [0, 1), at the output end that runs BF16 too, for a policy
       that holds for any depth: the last ``floor(fraction * blocks)`` blocks (``bf16_last_blocks`` if that is
-      more; :meth:`bf16_last_count`).
+      more; :meth:`bf16_last_count`);
+    * ``quantize_weights_once``: a model that honours it (``jax_aiter.examples.tiny_llama.forward``) makes the
+      MXFP4 copies of all its MXFP4 projections' weights at the start of the forward pass with
+      ``jax_aiter.gemm_fp4.quantize_weights`` (one cast per recipe and weight width) instead of one cast per
+      projection; the results are the same bits unless a recipe rounds weights stochastically (docs/mxfp4.md,
+      "Weights quantized once").
 
     A recipe is an ``Mxfp4Recipe``, an ``Fp8Recipe`` or None (BF16). The named constructors :meth:`bf16`,
     :meth:`mxfp4` and :meth:`fp8` build the usual policies.
@@ -61,6 +66,7 @@ class PrecisionPolicy:
     bf16_first_blocks: int = 0
     bf16_last_blocks: int = 0
     bf16_last_fraction: float = 0.0
+    quantize_weights_once: bool = False
 
     def __post_init__(self) -> None:
         for name in ("linear", "lm_head", "embedding"):
@@ -79,6 +85,8 @@ class PrecisionPolicy:
             raise TypeError(f"bf16_last_fraction must be a float, got {type(fraction).__name__}")
         if not 0 <= fraction < 1:
             raise ValueError(f"bf16_last_fraction must be in [0, 1), got {fraction}")
+        if not isinstance(self.quantize_weights_once, bool):
+            raise TypeError(f"quantize_weights_once must be a bool, got {type(self.quantize_weights_once).__name__}")
 
     @classmethod
     def bf16(cls) -> PrecisionPolicy:

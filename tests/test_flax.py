@@ -306,6 +306,8 @@ def test_demo_model_from_layers_equals_the_functional_definition():
     assert isinstance(fp8.head, layers.Fp8Linear) and isinstance(fp8.blocks[0].attention.q_proj, layers.Fp8Linear)
     with pytest.raises(TypeError, match="^policy must be a PrecisionPolicy"):
         tiny_llama.TinyLlama(cfg, policy=Mxfp4Recipe.default(), rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="^policy: quantize_weights_once"):
+        tiny_llama.TinyLlama(cfg, policy=PrecisionPolicy(quantize_weights_once=True), rngs=nnx.Rngs(0))
     short = tiny_llama.Config(steps=3)
     assert tiny_llama.train(short, use_flax=True) == tiny_llama.train(short, use_flax=False)
 

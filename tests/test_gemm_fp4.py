@@ -1,5 +1,6 @@
 """FP4 GEMMs, the object API and the MXFP4 linear layer: gemm_fp4 against float64 products of the oracle's
-dequantized operands, gemm_fp4_bf16 and its gradients against the recipe computed by hand with the oracle."""
+dequantized operands, gemm_fp4_bf16 and its gradients against the recipe computed by hand with the oracle, and
+weights quantized ahead (quantize_weights) against the linear given the weights themselves."""
 
 import dataclasses
 import functools
@@ -16,7 +17,8 @@ import mxfp4_oracle as oracle
 import jax_aiter
 from jax_aiter import _native
 from jax_aiter.gemm_fp4 import (CHECKPOINT_NAMES, MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor,
-                                WeightWorkspace, cast_mxfp4, gemm_fp4, gemm_fp4_bf16, shuffle_fp4, shuffle_scales)
+                                Mxfp4Weight, WeightWorkspace, cast_mxfp4, cast_mxfp4_dual, gemm_fp4, gemm_fp4_bf16,
+                                quantize_weights, shuffle_fp4, shuffle_scales)
 from jax_aiter.gemm_fp4._gemm import gemm_bf16_fp4, gemm_fp4_plain_b
 from jax_aiter.gemm_fp4._linear import role_sr_key
 from jax_aiter.native import mxfp4 as native_mxfp4
@@ -741,3 +743,168 @@ def test_checkpoint_names_with_native_casts_in_the_compiled_program():
             hlo = jax.jit(fn).lower(a, b).compile().as_text()
             counts[name] = hlo.count('custom_call_target="ja_cast_mxfp4"')
     assert counts == {"plain": 3, "remat": 5, "saved": 3}
+
+
+# --- weights quantized once per step (quantize_weights) ---------------------------------------------------
+
+
+def two_weight_model(recipe, ws, quantized_key=None):
+    """A loss over two linears sharing x (N = 128 and 64): on the weights themselves, or on their
+    ``quantize_weights`` copies (``ws`` then holds Mxfp4Weights)."""
+    rng = np.random.default_rng(11)
+    a = jnp.asarray(rng.standard_normal((2, M // 2, K)), jnp.bfloat16)
+    dy = jnp.asarray(rng.standard_normal((2, M // 2, 192)), np.float32)
+    key = jax.random.key(5)
+
+    def loss(a, ws):
+        y = jnp.concatenate([gemm_fp4_bf16(a, ws["up"], recipe, key=key),
+                             gemm_fp4_bf16(a, ws["gate"], recipe, key=jax.random.fold_in(key, 1))], axis=-1)
+        return jnp.sum(y.astype(jnp.float32) * dy)
+
+    return a, loss
+
+
+def model_weights(rng, dtype=jnp.bfloat16):
+    return {"up": jnp.asarray(rng.standard_normal((128, K)) * 0.1, dtype),
+            "gate": jnp.asarray(rng.standard_normal((64, K)) * 0.1, dtype)}
+
+
+QUANTIZE_RECIPES = {
+    "default": Mxfp4Recipe.default(),
+    "keyed": Mxfp4Recipe.keyed_hadamard(),
+    "rotated-weights": Mxfp4Recipe(weight_scale_rule="ceil", fprop_hadamard=16, dgrad_hadamard=32, hadamard_seed=9),
+    "weight-tiles": Mxfp4Recipe(weight_tile_scaling=True),
+    "sr-activations-gradients": Mxfp4Recipe(activation_stochastic=True, gradient_stochastic=True),
+}
+
+
+@pytest.mark.parametrize("recipe", QUANTIZE_RECIPES.values(), ids=QUANTIZE_RECIPES.keys())
+def test_quantized_weights_give_the_linears_outputs_and_gradients_bit_for_bit(recipe):
+    """Loss, dx and dW through quantize_weights' copies are the bytes of passing the weights themselves: the same
+    casts, only made ahead (and, where the recipe allows, for both weights in one launch)."""
+    ws = model_weights(np.random.default_rng(12))
+    a, loss = two_weight_model(recipe, ws)
+    plain = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(a, ws)
+    ahead = jax.jit(jax.value_and_grad(lambda a, ws: loss(a, quantize_weights(ws, recipe)), argnums=(0, 1)))(a, ws)
+    assert jax.tree.structure(ahead) == jax.tree.structure(plain)
+    for got, want in zip(jax.tree.leaves(ahead), jax.tree.leaves(plain)):
+        assert got.dtype == want.dtype
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+
+
+def test_quantized_weight_copies_are_the_casts_of_each_weight():
+    """Grouped by width or not, each Mxfp4Weight holds its own weight's plain dual cast (the public op, called
+    on that weight alone) and the weight itself."""
+    ws = model_weights(np.random.default_rng(13))
+    ws["wide"] = jnp.asarray(np.random.default_rng(14).standard_normal((64, 256)), jnp.bfloat16)
+    for recipe in (Mxfp4Recipe.default(), Mxfp4Recipe(weight_scale_rule="floor", dgrad_hadamard=16)):
+        quantized = jax.jit(lambda ws: quantize_weights(ws, recipe))(ws)
+        for name, w in ws.items():
+            q = quantized[name]
+            assert isinstance(q, Mxfp4Weight) and q.recipe == recipe and q.shape == w.shape
+            np.testing.assert_array_equal(q.weight, w)
+            (row_data, row_scales), (col_data, col_scales) = cast_mxfp4_dual(
+                w, scale_rule=recipe.weight_scale_rule, hadamard_columnwise=recipe.dgrad_hadamard)
+            for got, want in ((q.row_data, row_data), (q.row_scales, row_scales), (q.col_data, col_data),
+                              (q.col_scales, col_scales)):
+                np.testing.assert_array_equal(got, want)
+
+
+def test_weights_of_one_width_share_one_cast():
+    """Three weights of K = 128 and one of K = 256: two dual casts when the weight role rounds to nearest
+    unrotated, one per weight otherwise."""
+    rng = np.random.default_rng(15)
+    ws = [jnp.asarray(rng.standard_normal(shape), jnp.bfloat16)
+          for shape in ((128, K), (64, K), (192, K), (64, 256))]
+    counts = {}
+    with jax_aiter.use_backend("xla"):
+        for name, recipe in (("default", Mxfp4Recipe.default()), ("rotated", Mxfp4Recipe(dgrad_hadamard=16))):
+            counts[name] = _cast_calls_in_jaxpr(jax.make_jaxpr(lambda ws: quantize_weights(ws, recipe))(ws).jaxpr)
+    assert counts == {"default": 2, "rotated": 4}
+
+
+def test_microbatches_cast_the_weights_once_and_accumulate_the_same_gradient():
+    """Gradient accumulation over two microbatches: with the copies made once per step, the weights are cast once
+    (not once per microbatch) and the summed loss and gradients are the bytes of the per-microbatch casts."""
+    rng = np.random.default_rng(16)
+    w = jnp.asarray(rng.standard_normal((N, K)), jnp.bfloat16)
+    batches = jnp.asarray(rng.standard_normal((2, M, K)), jnp.bfloat16)
+
+    def micro_loss(a, b):
+        return jnp.sum(jnp.square(gemm_fp4_bf16(a, b).astype(jnp.float32)))
+
+    def per_microbatch(w):
+        return micro_loss(batches[0], w) + micro_loss(batches[1], w)
+
+    def once_per_step(w):
+        q = quantize_weights(w)
+        return micro_loss(batches[0], q) + micro_loss(batches[1], q)
+
+    with jax_aiter.use_backend("xla"):
+        casts = {name: _cast_calls_in_jaxpr(jax.make_jaxpr(jax.value_and_grad(fn))(w).jaxpr)
+                 for name, fn in (("per microbatch", per_microbatch), ("once per step", once_per_step))}
+    # Per microbatch: x's, W's and g's dual casts; made ahead, W's once for both.
+    assert casts == {"per microbatch": 6, "once per step": 5}
+    want, got = (jax.jit(jax.value_and_grad(fn))(w) for fn in (per_microbatch, once_per_step))
+    for g, v in zip(got, want):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(v))
+
+
+def test_stochastic_weights_round_as_the_linear_with_the_key_folded_per_weight():
+    """Weight i of the pytree rounds as gemm_fp4_bf16 rounds the weight itself given fold_in(key, i): the same
+    copies, and the same loss and gradients."""
+    recipe = Mxfp4Recipe(weight_stochastic=True)
+    ws = model_weights(np.random.default_rng(17))
+    key = jax.random.key(21)
+    quantized = jax.jit(lambda ws, key: quantize_weights(ws, recipe, key=key))(ws, key)
+    for i, name in enumerate(sorted(ws)):  # the pytree's leaf order
+        words = jax.random.bits(jax.random.fold_in(key, i), (2,), jnp.uint32)
+        (row_data, _), (col_data, _) = cast_mxfp4_dual(ws[name], sr_key=role_sr_key(words, "weight"))
+        np.testing.assert_array_equal(quantized[name].row_data, row_data)
+        np.testing.assert_array_equal(quantized[name].col_data, col_data)
+
+    a = jnp.asarray(np.random.default_rng(19).standard_normal((M, K)), jnp.bfloat16)
+    w = ws["up"]
+    want = jax.value_and_grad(lambda a, w: jnp.sum(jnp.square(gemm_fp4_bf16(
+        a, w, recipe, key=jax.random.fold_in(key, 0)).astype(jnp.float32))), argnums=(0, 1))(a, w)
+    got = jax.value_and_grad(lambda a, w: jnp.sum(jnp.square(gemm_fp4_bf16(
+        a, quantize_weights(w, recipe, key=key)).astype(jnp.float32))), argnums=(0, 1))(a, w)
+    for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(v))
+    other = quantize_weights(ws, recipe, key=jax.random.key(22))
+    assert np.any(np.asarray(other["up"].row_data) != np.asarray(quantized["up"].row_data))
+
+
+def test_quantized_weights_inference_and_float32_weight_gradient():
+    rng = np.random.default_rng(18)
+    a = jnp.asarray(rng.standard_normal((M, K)), jnp.bfloat16)
+    w = jnp.asarray(rng.standard_normal((N, K)), jnp.float32)
+    np.testing.assert_array_equal(gemm_fp4_bf16(a, quantize_weights(w)), gemm_fp4_bf16(a, w))
+    dw = jax.grad(lambda w: jnp.sum(gemm_fp4_bf16(a, quantize_weights(w)).astype(jnp.float32)))(w)
+    assert dw.dtype == jnp.float32
+    np.testing.assert_array_equal(dw, jax.grad(lambda w: jnp.sum(gemm_fp4_bf16(a, w).astype(jnp.float32)))(w))
+
+
+def _bad_copies(field, shape):
+    def call(a, b):
+        q = quantize_weights(b)
+        return gemm_fp4_bf16(a, dataclasses.replace(q, **{field: jnp.zeros(shape, jnp.uint8)}))
+    return call
+
+
+@pytest.mark.parametrize("call, error, name", [
+    (lambda a, b: quantize_weights(b[None]), ValueError, "weights"),
+    (lambda a, b: quantize_weights({"w": b, "v": b[:48]}), ValueError, r"weights\['v'\]: N"),
+    (lambda a, b: quantize_weights(b.astype(jnp.int8)), TypeError, "weights"),
+    (lambda a, b: quantize_weights({}), ValueError, "weights"),
+    (lambda a, b: quantize_weights(b, "default"), TypeError, "recipe"),
+    (lambda a, b: quantize_weights(b, Mxfp4Recipe(weight_stochastic=True)), ValueError, "key"),
+    (lambda a, b: gemm_fp4_bf16(a, quantize_weights(b), Mxfp4Recipe(fprop_hadamard=16)), ValueError, "b"),
+    (lambda a, b: gemm_fp4_bf16(a[:, :64], quantize_weights(b)), ValueError, "b"),
+    (_bad_copies("row_scales", (N, K // 16)), ValueError, r"b\.row_scales"),
+    (_bad_copies("col_data", (K, N)), ValueError, r"b\.col_data"),
+])
+def test_quantize_weights_bad_arguments_are_named(call, error, name):
+    a, b = jnp.ones((M, K), jnp.bfloat16), jnp.ones((N, K), jnp.bfloat16)
+    with pytest.raises(error, match=rf"^{name}\b"):
+        call(a, b)

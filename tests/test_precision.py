@@ -1,11 +1,14 @@
 """PrecisionPolicy: which projection gets which recipe (roles, first/last blocks), validation, hashing, and
 ``project``'s dispatch to the BF16, MXFP4 and FP8 GEMMs; PrecisionSchedule: which policy trains which step."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import jax_aiter
 import mxfp4_oracle as oracle
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
@@ -129,6 +132,7 @@ def test_uses_stochastic_rounding():
     (lambda: PrecisionPolicy.bf16().recipe_for("attention", 2, 2), ValueError, r"^block must be in \[0, blocks = 2\)"),
     (lambda: PrecisionPolicy.bf16().recipe_for("attention", -1, 2), ValueError, "^block must be in"),
     (lambda: PrecisionPolicy.bf16().recipe_for("lm_head", 0, 2), ValueError, "is not inside a block"),
+    (lambda: PrecisionPolicy(quantize_weights_once=1), TypeError, "^quantize_weights_once must be a bool"),
 ])
 def test_validation_names_the_argument(make, error, message):
     with pytest.raises(error, match=message):
@@ -167,6 +171,54 @@ def test_embedding_as_one_hot_gemm_is_a_lookup_in_the_quantized_table():
     quantized = oracle.dequantize(*oracle.quantize(np.asarray(table.T, np.float32)))  # [dim, vocab]
     np.testing.assert_array_equal(np.asarray(got, np.float32), quantized.T[np.asarray(tokens)])
 
+
+def _cast_calls(jaxpr) -> int:
+    """MXFP4 casts (the reference's jitted casts) in a program, each nested jaxpr counted per use."""
+    count = 0
+    for eqn in jaxpr.eqns:
+        count += str(eqn.params.get("name", "")).startswith("cast_mxfp4")
+        for param in eqn.params.values():
+            inner = getattr(param, "jaxpr", param)
+            if hasattr(inner, "eqns"):
+                count += _cast_calls(inner)
+    return count
+
+
+# (policy, its MXFP4 projections in the tiny model, weight casts when made ahead)
+WEIGHTS_ONCE_CASES = {
+    # Both blocks (a third of 2 is no block), keyed Hadamard on wgrad only: widths K = 128 and w_down's 256.
+    "default": (PrecisionPolicy.mxfp4(), 12, 2),
+    # The head is K = 128 too; the embedding's table [dim, vocab] is K = 64.
+    "every-projection": (PrecisionPolicy.mxfp4(Mxfp4Recipe.default(), lm_head=True, embedding=True,
+                                               bf16_last_fraction=0.0), 14, 3),
+    # Rotated weight copies cannot share a cast: one per projection of the one MXFP4 block.
+    "rotated-weights": (PrecisionPolicy.mxfp4(Mxfp4Recipe(dgrad_hadamard=16, gradient_stochastic=True),
+                                              bf16_first_blocks=1), 6, 6),
+}
+
+
+@pytest.mark.parametrize("case", WEIGHTS_ONCE_CASES)
+def test_quantize_weights_once_gives_the_same_bits_with_fewer_weight_casts(case):
+    """The functional model with quantize_weights_once: loss and gradients are the bytes of casting in every
+    projection, and the weight casts drop from one per MXFP4 projection to one per weight width where the recipe
+    rounds weights to nearest unrotated."""
+    from jax_aiter.examples import tiny_llama
+
+    policy, projections, ahead = WEIGHTS_ONCE_CASES[case]
+    cfg = tiny_llama.Config()
+    params = tiny_llama.init_params(cfg, jax.random.key(0))
+    tokens = tiny_llama.make_batch(cfg, jax.random.key(1))
+    once = dataclasses.replace(policy, quantize_weights_once=True)
+
+    def loss_and_grads(params, policy):
+        return jax.value_and_grad(tiny_llama.loss_fn)(params, tokens, cfg, policy, key=jax.random.key(2))
+
+    with jax_aiter.use_backend("xla"):
+        casts = [_cast_calls(jax.make_jaxpr(loss_and_grads, static_argnums=1)(params, p).jaxpr) for p in (policy, once)]
+        want, got = (jax.jit(loss_and_grads, static_argnums=1)(params, p) for p in (policy, once))
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+    assert casts[1] == casts[0] - projections + ahead
 
 # --- PrecisionSchedule ---------------------------------------------------------------------------------------
 

@@ -281,6 +281,47 @@ def test_fp4_indivisible_shards_fall_back_to_gathering():
     assert "reduce-scatter" not in {op for op, _ in ops}
 
 
+@pytest.mark.parametrize("recipe", [Mxfp4Recipe.default(), RECIPE], ids=["grouped", "per-weight-sr"])
+@pytest.mark.parametrize("layout", FP4_LAYOUTS)
+def test_fp4_weights_quantized_ahead_sharded(layout, recipe):
+    """quantize_weights on sharded weights: each device casts its shards (grouped by width, or one weight at a
+    time at global indices), the copies keep the weight's sharding and equal one device's bytes; the training
+    step through them gathers only FP4 bytes and gives the bits of the step on the weights themselves."""
+    shape, names, tokens, weight_spec = FP4_LAYOUTS[layout]
+    mesh = make_mesh(shape, names)
+    act, weight = NamedSharding(mesh, P(tokens, None, None)), NamedSharding(mesh, weight_spec)
+    a, b, dy = fp4_inputs()
+    weights = {"b": b, "c": random_bf16(3, (2 * N, K))}
+    quantize = functools.partial(_linear.quantize_weights, recipe=recipe, key=KEY)
+    got = jax.jit(quantize, in_shardings=({"b": weight, "c": weight},))(weights)
+    want = unsharded(quantize, weights)
+    for name in weights:
+        for field in ("row_data", "row_scales", "col_data", "col_scales"):
+            copy = getattr(got[name], field)
+            np.testing.assert_array_equal(copy, getattr(want[name], field))
+        for field, spec in (("row_data", weight_spec), ("col_data", P(*reversed(weight_spec)))):
+            assert getattr(got[name], field).sharding.is_equivalent_to(NamedSharding(mesh, spec), 2), field
+
+    def step(a, weights, dy, ahead):
+        def forward(a, weights):
+            if ahead:
+                weights = quantize(weights)
+            key = None if recipe == Mxfp4Recipe.default() else KEY
+            wide = gemm_fp4_bf16(a, weights["c"], recipe, key=key)
+            return gemm_fp4_bf16(a, weights["b"], recipe, key=key) + wide[..., :N] + wide[..., N:]
+        y, vjp = jax.vjp(forward, a, weights)
+        return (y, *vjp(dy))
+
+    in_shardings = (act, {"b": weight, "c": weight}, act)
+    compiled = jax.jit(functools.partial(step, ahead=True), in_shardings=in_shardings).lower(a, weights, dy).compile()
+    gathers = [types for op, types in collectives(compiled) if op == "all-gather"]
+    assert gathers and all(dtype == "u8" for types in gathers for dtype, _ in types)
+    if recipe == Mxfp4Recipe.default():  # the same casts, made ahead
+        plain = jax.jit(functools.partial(step, ahead=False), in_shardings=in_shardings)(a, weights, dy)
+        for g, w in zip(jax.tree.leaves(compiled(a, weights, dy)), jax.tree.leaves(plain)):
+            np.testing.assert_array_equal(g, w)
+
+
 # name: (mesh shape, mesh axes, sharding of a[B, S, K], sharding of the weight [N, K])
 GEMM_LAYOUTS = {
     "fsdp": ((SIZE,), ("fsdp",), P("fsdp", None, None), P("fsdp", None)),

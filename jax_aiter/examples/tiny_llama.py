@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from jax_aiter.activation import silu_and_mul
+from jax_aiter.gemm_fp4 import Mxfp4Recipe, quantize_weights
 from jax_aiter.gemm_fp8 import Fp8Recipe
 from jax_aiter.precision import PrecisionPolicy, PrecisionSchedule, Recipe, project
 from jax_aiter.rmsnorm import rms_norm_with_add
@@ -107,31 +108,61 @@ def forward(params: dict, tokens: jax.Array, cfg: Config, policy: PrecisionPolic
     dtype = jnp.bfloat16
     batch, seq = tokens.shape
     cast = functools.partial(jnp.asarray, dtype=dtype)
-    calls = iter(range(2 + 6 * cfg.layers))
+    call_count = 2 + 6 * cfg.layers
+    calls = iter(range(call_count))
+    quantized = _quantized_once(params, cfg, policy, cast, key, call_count) if policy.quantize_weights_once else {}
 
-    def linear(x: jax.Array, w: jax.Array, recipe: Recipe) -> jax.Array:
+    def linear(x: jax.Array, w: jax.Array, recipe: Recipe, name: str) -> jax.Array:
         index = next(calls)
-        return project(x, cast(w), recipe, key=None if key is None else jax.random.fold_in(key, index))
+        w = quantized[name] if name in quantized else cast(w)
+        return project(x, w, recipe, key=None if key is None else jax.random.fold_in(key, index))
 
     embedding = policy.recipe_for("embedding")
     if embedding is None:
         h = cast(params["embed"][tokens])
     else:  # the lookup as the GEMM one_hot(tokens) . table, so the table and its gradient are quantized
-        h = linear(jax.nn.one_hot(tokens, cfg.vocab, dtype=dtype), params["embed"].T, embedding)
+        h = linear(jax.nn.one_hot(tokens, cfg.vocab, dtype=dtype), params["embed"].T, embedding, "embed")
     residual = jnp.zeros_like(h)
     for i, layer in enumerate(params["layers"]):
         attention = policy.recipe_for("attention", i, cfg.layers)
         mlp = policy.recipe_for("mlp", i, cfg.layers)
         x, residual = rms_norm_with_add(h, residual, cast(layer["attn_norm"]))
-        q = linear(x, layer["wq"], attention).reshape(batch, seq, cfg.heads, cfg.head_dim)
-        k = linear(x, layer["wk"], attention).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
-        v = linear(x, layer["wv"], attention).reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
+        q = linear(x, layer["wq"], attention, f"layers/{i}/wq").reshape(batch, seq, cfg.heads, cfg.head_dim)
+        k = linear(x, layer["wk"], attention, f"layers/{i}/wk").reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
+        v = linear(x, layer["wv"], attention, f"layers/{i}/wv").reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
         attn = flash_attn_func(_rope(q), _rope(k), v, causal=True)
-        h = linear(attn.reshape(batch, seq, cfg.dim), layer["wo"], attention)
+        h = linear(attn.reshape(batch, seq, cfg.dim), layer["wo"], attention, f"layers/{i}/wo")
         x, residual = rms_norm_with_add(h, residual, cast(layer["mlp_norm"]))
-        h = linear(silu_and_mul(linear(x, layer["w_gate_up"], mlp)), layer["w_down"], mlp)
+        gate_up = linear(x, layer["w_gate_up"], mlp, f"layers/{i}/w_gate_up")
+        h = linear(silu_and_mul(gate_up), layer["w_down"], mlp, f"layers/{i}/w_down")
     x, _ = rms_norm_with_add(h, residual, cast(params["final_norm"]))
-    return linear(x, params["head"], policy.recipe_for("lm_head")).astype(jnp.float32)
+    return linear(x, params["head"], policy.recipe_for("lm_head"), "head").astype(jnp.float32)
+
+
+def _quantized_once(params: dict, cfg: Config, policy: PrecisionPolicy, cast: Callable, key: Any,
+                    first_key_index: int) -> dict:
+    """The MXFP4 projections' weights (as ``forward`` passes them, bf16) made ``Mxfp4Weight``s up front, by
+    projection name: one ``quantize_weights`` call per recipe, which casts weights of one width together. A recipe
+    that rounds weights stochastically gets ``fold_in(key, first_key_index + its number)``."""
+    by_recipe: dict[Mxfp4Recipe, dict[str, jax.Array]] = {}
+
+    def add(name: str, w: jax.Array, recipe: Recipe) -> None:
+        if isinstance(recipe, Mxfp4Recipe):
+            by_recipe.setdefault(recipe, {})[name] = cast(w)
+
+    add("embed", params["embed"].T, policy.recipe_for("embedding"))
+    for i, layer in enumerate(params["layers"]):
+        for role, names in (("attention", ("wq", "wk", "wv", "wo")), ("mlp", ("w_gate_up", "w_down"))):
+            for name in names:
+                add(f"layers/{i}/{name}", layer[name], policy.recipe_for(role, i, cfg.layers))
+    add("head", params["head"], policy.recipe_for("lm_head"))
+    quantized = {}
+    for number, (recipe, weights) in enumerate(by_recipe.items()):
+        recipe_key = None
+        if recipe.stochastic("weight") and key is not None:
+            recipe_key = jax.random.fold_in(key, first_key_index + number)
+        quantized.update(quantize_weights(weights, recipe, key=recipe_key))
+    return quantized
 
 
 def make_batch(cfg: Config, key: jax.Array) -> jax.Array:
@@ -225,6 +256,9 @@ if HAS_FLAX:
             policy = PrecisionPolicy.bf16() if policy is None else policy
             if not isinstance(policy, PrecisionPolicy):
                 raise TypeError(f"policy must be a PrecisionPolicy or None, got {type(policy).__name__}")
+            if policy.quantize_weights_once:
+                raise ValueError("policy: quantize_weights_once is honoured by the functional forward(); the layers "
+                                 "of jax_aiter.flax cast their own weights")
             self.cfg = cfg
             options = dict(weight_sharding=weight_sharding, rngs=rngs)
             embedding = policy.recipe_for("embedding")

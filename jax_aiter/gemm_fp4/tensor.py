@@ -1,5 +1,6 @@
 """Object API: ``Mxfp4Tensor`` (one quantized copy, a pytree), ``MXFP4Quantizer`` (how to make the copies of one
-tensor role) and ``WeightWorkspace`` (a cache of quantized weights, by name or by weight object)."""
+tensor role), ``Mxfp4Weight`` (a training weight with its copies made ahead of the linears, a pytree) and
+``WeightWorkspace`` (a cache of quantized weights, by name or by weight object)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from jax_aiter.gemm_fp4 import _quantize
 from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
 from jax_aiter.ref import mxfp4 as ref
 
-__all__ = ["MXFP4Quantizer", "Mxfp4Copies", "Mxfp4Tensor", "WeightWorkspace"]
+__all__ = ["MXFP4Quantizer", "Mxfp4Copies", "Mxfp4Tensor", "Mxfp4Weight", "WeightWorkspace"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -206,6 +207,34 @@ class MXFP4Quantizer:
 
         return Mxfp4Copies(tensor(row, -1, self.rowwise_layout, sizes[0]),
                            tensor(col, 0, self.columnwise_layout, sizes[1]))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Mxfp4Weight:
+    """A weight ``[N, K]`` with both MXFP4 copies its linear layer needs, made once by
+    ``jax_aiter.gemm_fp4.quantize_weights`` and passed to ``gemm_fp4_bf16`` as ``b``.
+
+    ``weight`` is the weight itself: the GEMMs never read it, it is the slot gradients arrive in (``gemm_fp4_bf16``
+    returns dgrad-and-wgrad's dW as its cotangent, and ``quantize_weights`` passes it on to the weight it was
+    given). ``row_data`` [N, K/2] / ``row_scales`` [N, K/32] are the rowwise copy (fprop's B operand) and
+    ``col_data`` [K, N/2] / ``col_scales`` [K, N/32] the columnwise one (dgrad's B operand), both in the plain
+    layout, quantized as ``recipe``'s weight role says. Arrays are pytree children; ``recipe`` is static.
+    """
+
+    weight: jax.Array
+    row_data: jax.Array
+    row_scales: jax.Array
+    col_data: jax.Array
+    col_scales: jax.Array
+    recipe: Mxfp4Recipe
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.weight.shape)
+
+
+jax.tree_util.register_dataclass(Mxfp4Weight, data_fields=["weight", "row_data", "row_scales", "col_data",
+                                                            "col_scales"], meta_fields=["recipe"])
 
 
 @dataclasses.dataclass

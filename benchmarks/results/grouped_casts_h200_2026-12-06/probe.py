@@ -7,14 +7,20 @@ blocks run along K within a row and columnwise blocks along N never straddle two
 indices) each weight's copies are the bytes of its own cast. Both copies stay plain: the shuffled scales of the
 AITER layout are padded per 256 rows and cannot be cut at a weight's rows.
 
-Times, one process, interleaved and settled: the separate casts as the step makes them (rowwise copy shuffled for
-AITER's B operand, columnwise plain), the same with both plain, the grouped form (stack, two casts, cuts), and the
-copy ceiling (every weight read and written once). Checks the grouped copies equal the separate plain ones bit for
-bit, and profiles the separate and grouped forms per kernel.
+Part 1, the casts alone. Times, one process, interleaved and settled: the separate casts as the step makes them
+(rowwise copy shuffled for AITER's B operand, columnwise plain), the same with both plain, the grouped form (stack,
+two casts, cuts), and the copy ceiling (every weight read and written once). Checks the grouped copies equal the
+separate plain ones bit for bit, and profiles the separate and grouped forms per kernel.
+
+Part 2, the training step: the 75 M model's BF16 step, its every-block MXFP4 step, and the same with the policy's
+``quantize_weights_once`` (the library's form of the grouping: ``jax_aiter.gemm_fp4.quantize_weights`` at the start
+of the forward pass), timed interleaved and settled, whether the two MXFP4 steps give the same bits, and the
+per-kernel profile of the last.
 
     PYTHONPATH=. python benchmarks/results/grouped_casts_h200_2026-12-06/probe.py OUT_DIR
 """
 
+import dataclasses
 import json
 import os
 import sys
@@ -25,6 +31,7 @@ import numpy as np
 
 from benchmarks.train_step_profile import kernel_times, step_inputs
 from jax_aiter.benchmark import STEADY_STATE_S, compile_fn, timed_together
+from jax_aiter.examples import convergence
 from jax_aiter.gemm_fp4 import cast_mxfp4_dual
 
 
@@ -87,8 +94,33 @@ def main(out):
         print(f"{name}: kernels {profile['kernel_ms'] * 1e3:.1f} us, span {profile['span_ms'] * 1e3:.1f} us")
         for kernel in profile["kernels"][:8]:
             print(f"  {kernel['us']:9.1f} us {kernel['calls']:6.1f}x  {kernel['name'][:120]}")
+    result["step"] = training_step()
     with open(f"{out}/grouped_casts.json", "w") as f:
         json.dump(result, f, indent=1)
+
+
+def training_step() -> dict:
+    setup, args = step_inputs()
+    every_block = convergence.ARMS["mxfp4-every-block"].policy
+    policies = {"bf16": convergence.ARMS["bf16"].policy, "mxfp4-every-block": every_block,
+                "mxfp4-every-block, weights once": dataclasses.replace(every_block, quantize_weights_once=True)}
+    steps = {name: compile_fn(convergence.make_step(setup, policy, jax.random.key(2)), *args)
+             for name, policy in policies.items()}
+    outputs = {name: steps[name](*args) for name in policies if name != "bf16"}
+    same = all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(*map(jax.tree.leaves, outputs.values())))
+    print(f"the two MXFP4 steps give the same bits: {same}")
+    times = timed_together({name: (lambda a, s=s: s(*a)) for name, s in steps.items()}, args, 7, 5,
+                           settle_s=STEADY_STATE_S)
+    row = dict(same_bits=same, step_ms={name: t * 1e3 for name, t in times.items()},
+               over_bf16={name: t / times["bf16"] for name, t in times.items()})
+    for name, t in times.items():
+        print(f"{name:>32}: {t * 1e3:7.2f} ms  {t / times['bf16']:.3f}x bf16")
+    profile = kernel_times(steps["mxfp4-every-block, weights once"], args)
+    row["profile_weights_once"] = profile
+    print(f"weights once: kernels {profile['kernel_ms']:.2f} ms, span {profile['span_ms']:.2f} ms; ours by grid:")
+    for kernel in profile["ours_by_grid"][:24]:
+        print(f"  {kernel['us']:9.1f} us {kernel['calls']:6.1f}x  grid {kernel['grid']:>12}  {kernel['name'][:100]}")
+    return row
 
 
 if __name__ == "__main__":
