@@ -82,8 +82,9 @@ REFERENCE_ATTENTION_VS_XLA = 1.5  # deterministic=True without XLA's flag (the r
 BLOCK_VS_CUDNN = {"ours": 1.0, "ours_mxfp4": 0.95}  # plain JAX with cuDNN attention / the block's time, at least
 TRAIN_MXFP4_VS_BF16 = 1.2  # the 75m model's step with every block MXFP4 / its BF16 step, at most
 # Arms of jax_aiter.examples.convergence. The target is the every-block arm's: the cost of the MXFP4 kernels, which
-# the default policy's BF16 blocks would hide; the stochastic-gradient arm times the stochastic casts.
-TRAIN_ARMS = ("bf16", "fp8", "mxfp4-every-block", "mxfp4", "mxfp4-sr-grad")
+# the default policy's BF16 blocks would hide; the weights-once arm is the same step with its weights quantized once
+# per step (the same bits); the stochastic-gradient arm times the stochastic casts.
+TRAIN_ARMS = ("bf16", "fp8", "mxfp4-every-block", "mxfp4-every-block-weights-once", "mxfp4", "mxfp4-sr-grad")
 TRAIN_TARGET_ARM = "mxfp4-every-block"
 
 

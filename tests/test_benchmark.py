@@ -30,7 +30,8 @@ def test_quick_training_step_rows(tmp_path, capsys):
     rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert [(row["section"], row["name"], row["model"]) for row in rows] == [
         ("train", "bf16", "cpu-tiny"), ("train", "fp8", "cpu-tiny"), ("train", "mxfp4-every-block", "cpu-tiny"),
-        ("train", "mxfp4", "cpu-tiny"), ("train", "mxfp4-sr-grad", "cpu-tiny")]
+        ("train", "mxfp4-every-block-weights-once", "cpu-tiny"), ("train", "mxfp4", "cpu-tiny"),
+        ("train", "mxfp4-sr-grad", "cpu-tiny")]
     bf16 = rows[0]
     assert bf16["shape"] == [8, 64, 128, 2] and "bf16_over_this" not in bf16
     for row in rows:

@@ -103,6 +103,9 @@ ARMS = {
                  "the last third, those, the LM head and the embedding BF16"),
     "mxfp4-every-block": Arm(_every_block(), "Mxfp4Recipe.default() on every block, LM head and embedding BF16 (the "
                              "default policy until 2026-12-03)"),
+    "mxfp4-every-block-weights-once": Arm(
+        dataclasses.replace(_every_block(), quantize_weights_once=True),
+        "mxfp4-every-block with the weights' copies made once per step, one cast per width (the same bits)"),
     "mxfp4-all": Arm(_every_block(lm_head=True), "Mxfp4Recipe.default() on every projection, LM head included"),
     "mxfp4-sr-grad": Arm(_every_block(_SR_GRAD),
                          "Mxfp4Recipe.default() on every block, stochastic rounding of the gradient"),
