@@ -21,6 +21,9 @@ Conventions:
 * MXFP4 stochastic rounding needs a fresh key per step: a layer built with a recipe that rounds stochastically
   draws it from the ``nnx.Rngs`` stream named ``sr_stream`` (default ``"mxfp4"``, which falls back to the
   ``default`` stream), or takes ``key=`` in ``__call__``; an explicit key wins.
+* Weights quantized once: inside ``with weights_quantized_once(model):`` every ``Mxfp4Linear`` of the model uses
+  FP4 copies of its weight made on entry by ``jax_aiter.gemm_fp4.quantize_weights`` (weights of one width and
+  recipe share one cast); the same bits, and once per step when the block spans all microbatches of a step.
 * Rematerialization: wrap blocks in ``nnx.remat(..., policy=jax.checkpoint_policies.save_only_these_names(
   *jax_aiter.gemm_fp4.CHECKPOINT_NAMES, *jax_aiter.rmsnorm.CHECKPOINT_NAMES))`` to keep the FP4 copies and the
   norm statistics instead of recomputing them (docs/mxfp4.md, "Rematerialization").
@@ -28,7 +31,8 @@ Conventions:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -45,14 +49,14 @@ from jax_aiter.activation import silu_and_mul
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import _quantize
 from jax_aiter.gemm_fp4._gemm import gemm_fp4
-from jax_aiter.gemm_fp4._linear import gemm_fp4_bf16, role_sr_key
+from jax_aiter.gemm_fp4._linear import gemm_fp4_bf16, quantize_weights, role_sr_key
 from jax_aiter.gemm_fp4.recipe import Mxfp4Recipe
 from jax_aiter.gemm_fp4.tensor import MXFP4Quantizer, WeightWorkspace
 from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8
 from jax_aiter.rmsnorm import rms_norm, rms_norm_with_add
 
 __all__ = ["Attention", "Fp8Linear", "Linear", "Mxfp4Linear", "RMSNorm", "SwiGLU", "default_weight_init",
-           "rotary_embedding"]
+           "rotary_embedding", "weights_quantized_once"]
 
 Sharding = Sequence[str | tuple[str, ...] | None] | None
 Initializer = Callable[..., jax.Array]
@@ -136,6 +140,8 @@ class Mxfp4Linear(Linear):
         self.recipe = recipe
         self.workspace = workspace
         self.sr_rngs = rngs[sr_stream].fork() if recipe.uses_stochastic_rounding else nnx.data(None)
+        # The weight's Mxfp4Weight while weights_quantized_once is in force.
+        self.weight_copies = nnx.data(None)
 
     def __call__(self, x: jax.Array, *, key: Any = None) -> jax.Array:
         if key is None and self.recipe.uses_stochastic_rounding:
@@ -143,6 +149,8 @@ class Mxfp4Linear(Linear):
                 raise ValueError("key: the recipe rounds stochastically; pass key= or build the layer with rngs")
             key = self.sr_rngs()
         x = _cast(x, self.dtype)
+        if self.weight_copies is not None:
+            return gemm_fp4_bf16(x, self.weight_copies, self.recipe, key=key)
         weight = _cast(self.weight[...], self.dtype)
         if self.workspace is not None and not self.recipe.weight_stochastic and _is_concrete(weight):
             return self._forward_from_workspace(x, weight, key)
@@ -166,6 +174,38 @@ class Mxfp4Linear(Linear):
                                             hadamard=size, hadamard_key=signs, layout="gemm_a")
         y = gemm_fp4(data, w_copy.data, scales, w_copy.scales)
         return y.reshape(*x.shape[:-1], self.out_features)
+
+
+@contextlib.contextmanager
+def weights_quantized_once(model: nnx.Module) -> Iterator[nnx.Module]:
+    """Inside the block, every ``Mxfp4Linear`` of ``model`` multiplies by FP4 copies of its weight (cast to the
+    layer's ``dtype``) made on entry by ``jax_aiter.gemm_fp4.quantize_weights``: one call per recipe, so weights of
+    one width share a cast where the recipe allows (docs/mxfp4.md, "Weights quantized once"). Outputs and gradients
+    are the bits of the layers casting their own weights, except that a recipe rounding weights stochastically
+    draws one key per layer from its stream on entry. Use it inside the loss function; around all the microbatches
+    of a step, the weights are cast once per step::
+
+        def loss(model, batches):
+            with weights_quantized_once(model):
+                return sum(loss_of_batch(model, batch) for batch in batches)
+    """
+    linears = [module for _, module in nnx.iter_modules(model) if isinstance(module, Mxfp4Linear)]
+    by_recipe: dict[Mxfp4Recipe, list[Mxfp4Linear]] = {}
+    for layer in linears:
+        by_recipe.setdefault(layer.recipe, []).append(layer)
+    try:
+        for recipe, group in by_recipe.items():
+            weights = [_cast(layer.weight[...], layer.dtype) for layer in group]
+            if recipe.weight_stochastic:
+                copies = [quantize_weights(w, recipe, key=layer.sr_rngs()) for w, layer in zip(weights, group)]
+            else:
+                copies = quantize_weights(weights, recipe)
+            for layer, copy in zip(group, copies):
+                layer.weight_copies = copy
+        yield model
+    finally:
+        for layer in linears:
+            layer.weight_copies = None
 
 
 def _is_concrete(value: Any) -> bool:

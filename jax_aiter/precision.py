@@ -50,11 +50,11 @@ class PrecisionPolicy:
     * ``bf16_last_fraction``: a share of the blocks, in [0, 1), at the output end that runs BF16 too, for a policy
       that holds for any depth: the last ``floor(fraction * blocks)`` blocks (``bf16_last_blocks`` if that is
       more; :meth:`bf16_last_count`);
-    * ``quantize_weights_once``: a model that honours it (``jax_aiter.examples.tiny_llama.forward``) makes the
-      MXFP4 copies of all its MXFP4 projections' weights at the start of the forward pass with
-      ``jax_aiter.gemm_fp4.quantize_weights`` (one cast per recipe and weight width) instead of one cast per
-      projection; the results are the same bits unless a recipe rounds weights stochastically (docs/mxfp4.md,
-      "Weights quantized once").
+    * ``quantize_weights_once``: a model that honours it (both definitions of the demo model,
+      ``jax_aiter.examples.tiny_llama``) makes the FP4 copies of all its MXFP4 projections' weights at the start of
+      the forward pass with ``jax_aiter.gemm_fp4.quantize_weights`` (one cast per recipe and weight width where the
+      recipe allows) instead of one cast per projection; the same bits unless a recipe rounds weights
+      stochastically (docs/mxfp4.md, "Weights quantized once").
 
     A recipe is an ``Mxfp4Recipe``, an ``Fp8Recipe`` or None (BF16). The named constructors :meth:`bf16`,
     :meth:`mxfp4` and :meth:`fp8` build the usual policies.

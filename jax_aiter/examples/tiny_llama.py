@@ -256,10 +256,8 @@ if HAS_FLAX:
             policy = PrecisionPolicy.bf16() if policy is None else policy
             if not isinstance(policy, PrecisionPolicy):
                 raise TypeError(f"policy must be a PrecisionPolicy or None, got {type(policy).__name__}")
-            if policy.quantize_weights_once:
-                raise ValueError("policy: quantize_weights_once is honoured by the functional forward(); the layers "
-                                 "of jax_aiter.flax cast their own weights")
             self.cfg = cfg
+            self.quantize_weights_once = policy.quantize_weights_once
             options = dict(weight_sharding=weight_sharding, rngs=rngs)
             embedding = policy.recipe_for("embedding")
             if embedding is None:
@@ -273,6 +271,12 @@ if HAS_FLAX:
             self.head = _flax_projection(cfg.dim, cfg.vocab, policy.recipe_for("lm_head"), **options)
 
         def __call__(self, tokens: jax.Array) -> jax.Array:
+            if self.quantize_weights_once:
+                with layers.weights_quantized_once(self):
+                    return self._logits(tokens)
+            return self._logits(tokens)
+
+        def _logits(self, tokens: jax.Array) -> jax.Array:
             if isinstance(self.embed, nnx.Param):
                 h = self.embed[...][tokens].astype(jnp.bfloat16)
             else:
