@@ -15,6 +15,8 @@ pytest.importorskip("flax", reason="Flax is not installed (pip install 'jax-aite
 
 from flax import nnx  # noqa: E402
 
+from _programs import cast_calls  # noqa: E402
+
 import jax_aiter  # noqa: E402
 from jax_aiter import flax as layers  # noqa: E402
 from jax_aiter.activation import silu_and_mul  # noqa: E402
@@ -276,18 +278,6 @@ def test_fsdp_annotations_and_a_sharded_train_step_equal_the_unsharded_one():
         assert np.all(np.abs(got - want) <= bound), (got.flat[worst], want.flat[worst], bound.flat[worst])
 
 
-def _cast_calls(jaxpr) -> int:
-    """MXFP4 casts (the reference's jitted casts) in a program, each nested jaxpr counted per use."""
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += str(eqn.params.get("name", "")).startswith("cast_mxfp4")
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", param)
-            if hasattr(inner, "eqns"):
-                count += _cast_calls(inner)
-    return count
-
-
 @pytest.mark.parametrize("recipe", [Mxfp4Recipe.default(), MIXED], ids=["default", "rotated-weights"])
 def test_weights_quantized_once_gives_the_layers_bits(recipe):
     """An attention layer's four projections and a SwiGLU inside weights_quantized_once, under nnx.jit and
@@ -319,7 +309,7 @@ def test_weights_quantized_once_gives_the_layers_bits(recipe):
     assert len(linears) == 6 and all(layer.weight_copies is None for layer in linears)
     graphdef, state = nnx.split(model)
     with jax_aiter.use_backend("xla"):
-        casts = [_cast_calls(jax.make_jaxpr(lambda state: loss(nnx.merge(graphdef, state), once))(state).jaxpr)
+        casts = [cast_calls(jax.make_jaxpr(lambda state: loss(nnx.merge(graphdef, state), once))(state).jaxpr)
                  for once in (False, True)]
     assert casts[0] - casts[1] == (4 if recipe == Mxfp4Recipe.default() else 0)
 

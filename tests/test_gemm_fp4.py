@@ -14,6 +14,7 @@ import pytest
 
 import _oracle
 import mxfp4_oracle as oracle
+from _programs import cast_calls
 import jax_aiter
 from jax_aiter import _native
 from jax_aiter.gemm_fp4 import (CHECKPOINT_NAMES, MXFP4Quantizer, Mxfp4Copies, Mxfp4Recipe, Mxfp4Tensor,
@@ -689,19 +690,6 @@ def test_gemm_fp4_bf16_bad_arguments_are_named(call, error, name):
 # --- rematerialization ------------------------------------------------------------------------------------
 
 
-def _cast_calls_in_jaxpr(jaxpr) -> int:
-    """Cast ops (the reference's jitted casts) the program runs, counting each nested jaxpr per use."""
-    count = 0
-    for eqn in jaxpr.eqns:
-        if str(eqn.params.get("name", "")).startswith("cast_mxfp4"):
-            count += 1
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", param)
-            if hasattr(inner, "eqns"):
-                count += _cast_calls_in_jaxpr(inner)
-    return count
-
-
 def _remat_variants():
     """value_and_grad of a loss through gemm_fp4_bf16: without remat, under plain jax.checkpoint (everything
     recomputed) and under a policy that saves the FP4 copies by name."""
@@ -723,7 +711,7 @@ def test_checkpoint_names_keep_the_casts_out_of_the_recomputed_backward():
     counts, values = {}, {}
     with jax_aiter.use_backend("xla"):
         for name, fn in _remat_variants().items():
-            counts[name] = _cast_calls_in_jaxpr(jax.make_jaxpr(fn)(a, b).jaxpr)
+            counts[name] = cast_calls(jax.make_jaxpr(fn)(a, b).jaxpr)
             values[name] = jax.jit(fn)(a, b)
     assert counts == {"plain": 3, "remat": 5, "saved": 3}
     for name in ("remat", "saved"):
@@ -819,7 +807,7 @@ def test_weights_of_one_width_share_one_cast():
     counts = {}
     with jax_aiter.use_backend("xla"):
         for name, recipe in (("default", Mxfp4Recipe.default()), ("rotated", Mxfp4Recipe(dgrad_hadamard=16))):
-            counts[name] = _cast_calls_in_jaxpr(jax.make_jaxpr(lambda ws: quantize_weights(ws, recipe))(ws).jaxpr)
+            counts[name] = cast_calls(jax.make_jaxpr(lambda ws: quantize_weights(ws, recipe))(ws).jaxpr)
     assert counts == {"default": 2, "rotated": 4}
 
 
@@ -841,7 +829,7 @@ def test_microbatches_cast_the_weights_once_and_accumulate_the_same_gradient():
         return micro_loss(batches[0], q) + micro_loss(batches[1], q)
 
     with jax_aiter.use_backend("xla"):
-        casts = {name: _cast_calls_in_jaxpr(jax.make_jaxpr(jax.value_and_grad(fn))(w).jaxpr)
+        casts = {name: cast_calls(jax.make_jaxpr(jax.value_and_grad(fn))(w).jaxpr)
                  for name, fn in (("per microbatch", per_microbatch), ("once per step", once_per_step))}
     # Per microbatch: x's, W's and g's dual casts; made ahead, W's once for both.
     assert casts == {"per microbatch": 6, "once per step": 5}

@@ -10,6 +10,7 @@ import pytest
 
 import jax_aiter
 import mxfp4_oracle as oracle
+from _programs import cast_calls
 from jax_aiter.gemm import gemm
 from jax_aiter.gemm_fp4 import Mxfp4Recipe, gemm_fp4_bf16
 from jax_aiter.gemm_fp8 import Fp8Recipe, gemm_fp8
@@ -172,18 +173,6 @@ def test_embedding_as_one_hot_gemm_is_a_lookup_in_the_quantized_table():
     np.testing.assert_array_equal(np.asarray(got, np.float32), quantized.T[np.asarray(tokens)])
 
 
-def _cast_calls(jaxpr) -> int:
-    """MXFP4 casts (the reference's jitted casts) in a program, each nested jaxpr counted per use."""
-    count = 0
-    for eqn in jaxpr.eqns:
-        count += str(eqn.params.get("name", "")).startswith("cast_mxfp4")
-        for param in eqn.params.values():
-            inner = getattr(param, "jaxpr", param)
-            if hasattr(inner, "eqns"):
-                count += _cast_calls(inner)
-    return count
-
-
 # (policy, its MXFP4 projections in the tiny model, weight casts when made ahead)
 WEIGHTS_ONCE_CASES = {
     # Both blocks (a third of 2 is no block), keyed Hadamard on wgrad only: widths K = 128 and w_down's 256.
@@ -214,7 +203,7 @@ def test_quantize_weights_once_gives_the_same_bits_with_fewer_weight_casts(case)
         return jax.value_and_grad(tiny_llama.loss_fn)(params, tokens, cfg, policy, key=jax.random.key(2))
 
     with jax_aiter.use_backend("xla"):
-        casts = [_cast_calls(jax.make_jaxpr(loss_and_grads, static_argnums=1)(params, p).jaxpr) for p in (policy, once)]
+        casts = [cast_calls(jax.make_jaxpr(loss_and_grads, static_argnums=1)(params, p).jaxpr) for p in (policy, once)]
         want, got = (jax.jit(loss_and_grads, static_argnums=1)(params, p) for p in (policy, once))
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
