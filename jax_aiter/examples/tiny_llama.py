@@ -110,52 +110,58 @@ def forward(params: dict, tokens: jax.Array, cfg: Config, policy: PrecisionPolic
     cast = functools.partial(jnp.asarray, dtype=dtype)
     call_count = 2 + 6 * cfg.layers
     calls = iter(range(call_count))
-    quantized = _quantized_once(params, cfg, policy, cast, key, call_count) if policy.quantize_weights_once else {}
+    projections = _projections(params, cfg, policy)
+    quantized = _quantized_once(projections, cast, key, call_count) if policy.quantize_weights_once else {}
 
-    def linear(x: jax.Array, w: jax.Array, recipe: Recipe, name: str) -> jax.Array:
+    def linear(x: jax.Array, name: str) -> jax.Array:
         index = next(calls)
+        w, recipe = projections[name]
         w = quantized[name] if name in quantized else cast(w)
         return project(x, w, recipe, key=None if key is None else jax.random.fold_in(key, index))
 
-    embedding = policy.recipe_for("embedding")
-    if embedding is None:
+    if "embed" in projections:  # the lookup as the GEMM one_hot(tokens) . table: the table and its gradient quantized
+        h = linear(jax.nn.one_hot(tokens, cfg.vocab, dtype=dtype), "embed")
+    else:
         h = cast(params["embed"][tokens])
-    else:  # the lookup as the GEMM one_hot(tokens) . table, so the table and its gradient are quantized
-        h = linear(jax.nn.one_hot(tokens, cfg.vocab, dtype=dtype), params["embed"].T, embedding, "embed")
     residual = jnp.zeros_like(h)
     for i, layer in enumerate(params["layers"]):
-        attention = policy.recipe_for("attention", i, cfg.layers)
-        mlp = policy.recipe_for("mlp", i, cfg.layers)
         x, residual = rms_norm_with_add(h, residual, cast(layer["attn_norm"]))
-        q = linear(x, layer["wq"], attention, f"layers/{i}/wq").reshape(batch, seq, cfg.heads, cfg.head_dim)
-        k = linear(x, layer["wk"], attention, f"layers/{i}/wk").reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
-        v = linear(x, layer["wv"], attention, f"layers/{i}/wv").reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
+        q = linear(x, f"layers/{i}/wq").reshape(batch, seq, cfg.heads, cfg.head_dim)
+        k = linear(x, f"layers/{i}/wk").reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
+        v = linear(x, f"layers/{i}/wv").reshape(batch, seq, cfg.kv_heads, cfg.head_dim)
         attn = flash_attn_func(_rope(q), _rope(k), v, causal=True)
-        h = linear(attn.reshape(batch, seq, cfg.dim), layer["wo"], attention, f"layers/{i}/wo")
+        h = linear(attn.reshape(batch, seq, cfg.dim), f"layers/{i}/wo")
         x, residual = rms_norm_with_add(h, residual, cast(layer["mlp_norm"]))
-        gate_up = linear(x, layer["w_gate_up"], mlp, f"layers/{i}/w_gate_up")
-        h = linear(silu_and_mul(gate_up), layer["w_down"], mlp, f"layers/{i}/w_down")
+        h = linear(silu_and_mul(linear(x, f"layers/{i}/w_gate_up")), f"layers/{i}/w_down")
     x, _ = rms_norm_with_add(h, residual, cast(params["final_norm"]))
-    return linear(x, params["head"], policy.recipe_for("lm_head"), "head").astype(jnp.float32)
+    return linear(x, "head").astype(jnp.float32)
 
 
-def _quantized_once(params: dict, cfg: Config, policy: PrecisionPolicy, cast: Callable, key: Any,
+def _projections(params: dict, cfg: Config, policy: PrecisionPolicy) -> dict[str, tuple[jax.Array, Recipe]]:
+    """Each projection's weight (``[K, N]``, as the GEMM takes it) and the recipe ``policy`` gives it, by name; the
+    embedding is a projection only when the policy quantizes it."""
+    table: dict[str, tuple[jax.Array, Recipe]] = {}
+    embedding = policy.recipe_for("embedding")
+    if embedding is not None:
+        table["embed"] = (params["embed"].T, embedding)
+    for i, layer in enumerate(params["layers"]):
+        for role, names in (("attention", ("wq", "wk", "wv", "wo")), ("mlp", ("w_gate_up", "w_down"))):
+            recipe = policy.recipe_for(role, i, cfg.layers)
+            for name in names:
+                table[f"layers/{i}/{name}"] = (layer[name], recipe)
+    table["head"] = (params["head"], policy.recipe_for("lm_head"))
+    return table
+
+
+def _quantized_once(projections: dict[str, tuple[jax.Array, Recipe]], cast: Callable, key: Any,
                     first_key_index: int) -> dict:
-    """The MXFP4 projections' weights (as ``forward`` passes them, bf16) made ``Mxfp4Weight``s up front, by
+    """The MXFP4 projections' weights (cast as ``forward`` passes them, bf16) made ``Mxfp4Weight``s up front, by
     projection name: one ``quantize_weights`` call per recipe, which casts weights of one width together. A recipe
     that rounds weights stochastically gets ``fold_in(key, first_key_index + its number)``."""
     by_recipe: dict[Mxfp4Recipe, dict[str, jax.Array]] = {}
-
-    def add(name: str, w: jax.Array, recipe: Recipe) -> None:
+    for name, (w, recipe) in projections.items():
         if isinstance(recipe, Mxfp4Recipe):
             by_recipe.setdefault(recipe, {})[name] = cast(w)
-
-    add("embed", params["embed"].T, policy.recipe_for("embedding"))
-    for i, layer in enumerate(params["layers"]):
-        for role, names in (("attention", ("wq", "wk", "wv", "wo")), ("mlp", ("w_gate_up", "w_down"))):
-            for name in names:
-                add(f"layers/{i}/{name}", layer[name], policy.recipe_for(role, i, cfg.layers))
-    add("head", params["head"], policy.recipe_for("lm_head"))
     quantized = {}
     for number, (recipe, weights) in enumerate(by_recipe.items()):
         recipe_key = None
